@@ -1,0 +1,157 @@
+"""``cdc-platform``: the command line.
+
+    cdc-platform dev up|down|status [--profile dev|test]
+    cdc-platform config check [--config PATH]
+    cdc-platform demo setup|load|pgbench …
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from cdc_platform.config import ConfigError, load_config
+
+if TYPE_CHECKING:
+    from cdc_platform.devstack.profiles import StackProfile
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+class CliError(RuntimeError):
+    """An expected failure with a message for the user (no traceback)."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cdc-platform", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    dev = sub.add_parser("dev", help="the local stack (PostgreSQL + Kafka) under .cdc/<profile>/")
+    dev_sub = dev.add_subparsers(dest="action", required=True)
+    for action, helptext in (
+        ("up", "start what is not running (idempotent)"),
+        ("down", "stop what this stack started"),
+        ("status", "show what runs"),
+    ):
+        p = dev_sub.add_parser(action, help=helptext)
+        p.add_argument("--profile", default="dev", help="dev (the demo, default) or test (the test suite)")
+        p.set_defaults(func=_dev)
+
+    config = sub.add_parser("config", help="the config file")
+    config_sub = config.add_subparsers(dest="action", required=True)
+    check = config_sub.add_parser("check", help="validate the config and list its tables")
+    check.add_argument("--config", help="path (default: $CDC_PLATFORM_CONFIG or ./cdc_platform.yaml)")
+    check.set_defaults(func=_config_check)
+
+    demo = sub.add_parser("demo", help="the demo databases and workloads")
+    demo_sub = demo.add_subparsers(dest="action", required=True)
+    setup = demo_sub.add_parser("setup", help="create the shop schema and the pgbench tables (idempotent)")
+    setup.add_argument("--profile", default="dev")
+    setup.add_argument("--pgbench-scale", type=int, default=1)
+    setup.set_defaults(func=_demo_setup)
+    load = demo_sub.add_parser("load", help="run the shop OLTP workload (inserts, updates, deletes)")
+    load.add_argument("--profile", default="dev")
+    load.add_argument("--rate", type=float, default=10.0, help="transactions per second")
+    load.add_argument("--seconds", type=float, default=60.0, help="how long; 0 = until interrupted")
+    load.add_argument("--seed", type=int, default=None)
+    load.set_defaults(func=_demo_load)
+    bench = demo_sub.add_parser("pgbench", help="run pgbench's TPC-B-like workload on the bench database")
+    bench.add_argument("--profile", default="dev")
+    bench.add_argument("--seconds", type=int, default=30)
+    bench.add_argument("--clients", type=int, default=2)
+    bench.add_argument("--rate", type=int, default=0, help="target tps (0 = as fast as possible)")
+    bench.set_defaults(func=_demo_pgbench)
+    return parser
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from cdc_platform.devstack import StackError, stack_down, stack_status, stack_up
+
+    prof = _profile(args.profile)
+    if args.action == "up":
+        try:
+            result = stack_up(prof)
+        except StackError as exc:
+            raise CliError(str(exc)) from None
+        for name, started in (("postgres", result.started_postgres), ("kafka", result.started_kafka)):
+            print(f"{name}: {'started' if started else 'already running'}")
+        print(f"secrets for this stack: {prof.env_file} (source it: set -a; . {prof.env_file}; set +a)")
+    elif args.action == "down":
+        stopped = stack_down(prof)
+        print("stopped: " + (", ".join(stopped) if stopped else "nothing (nothing of ours was running)"))
+    else:
+        for name, state in stack_status(prof).items():
+            print(f"{name}: {state}")
+    return 0
+
+
+def _profile(name: str) -> StackProfile:
+    from cdc_platform.devstack import profile
+
+    try:
+        return profile(name)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    print(f"ok: {len(config.sources)} source(s), {len(config.tables)} table(s)")
+    for table in config.tables:
+        key = ", ".join(table.primary_key) if table.primary_key else "(from the source's primary key)"
+        print(
+            f"  {table.key:40s} topic={config.topic_for(table)} key={key} "
+            f"window={table.changelog.window} compatibility={table.compatibility.value} "
+            f"errors.tolerance={table.errors.tolerance.value}"
+        )
+    return 0
+
+
+def _demo_setup(args: argparse.Namespace) -> int:
+    from cdc_platform.demo.setup import setup_demo
+    from cdc_platform.devstack.stack import load_stack_env
+
+    prof = _profile(args.profile)
+    load_stack_env(prof)
+    for line in setup_demo(prof, pgbench_scale=args.pgbench_scale):
+        print(line)
+    return 0
+
+
+def _demo_load(args: argparse.Namespace) -> int:
+    from cdc_platform.demo.workload import run_workload
+    from cdc_platform.devstack.stack import load_stack_env
+
+    prof = _profile(args.profile)
+    load_stack_env(prof)
+    stats = run_workload(prof, rate=args.rate, seconds=args.seconds, seed=args.seed, log=print)
+    print(stats.summary())
+    return 0
+
+
+def _demo_pgbench(args: argparse.Namespace) -> int:
+    from cdc_platform.demo.setup import run_pgbench
+    from cdc_platform.devstack.stack import load_stack_env
+
+    prof = _profile(args.profile)
+    load_stack_env(prof)
+    return run_pgbench(prof, seconds=args.seconds, clients=args.clients, rate=args.rate)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Configuration: the YAML file users write, validated by pydantic."""
+
+from cdc_platform.config.loader import CONFIG_ENV, ConfigError, default_config_path, load_config
+from cdc_platform.config.model import (
+    CompatibilityMode,
+    ErrorTolerance,
+    KafkaConfig,
+    MissingSecretError,
+    PlatformConfig,
+    PostgresSource,
+    TableConfig,
+)
+
+__all__ = [
+    "CONFIG_ENV",
+    "CompatibilityMode",
+    "ConfigError",
+    "ErrorTolerance",
+    "KafkaConfig",
+    "MissingSecretError",
+    "PlatformConfig",
+    "PostgresSource",
+    "TableConfig",
+    "default_config_path",
+    "load_config",
+]

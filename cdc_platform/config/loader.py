@@ -1,0 +1,148 @@
+"""Load and validate the YAML config, with errors that name file, line, field and fix."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from cdc_platform.config.model import PlatformConfig
+
+CONFIG_ENV = "CDC_PLATFORM_CONFIG"
+DEFAULT_CONFIG_NAME = "cdc_platform.yaml"
+
+
+class ConfigError(ValueError):
+    """The config file is missing or invalid. ``problems`` holds one line per error."""
+
+    def __init__(self, path: Path, problems: Sequence[str]) -> None:
+        self.path = path
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid config {path}:\n{lines}")
+
+
+def default_config_path() -> Path:
+    """``$CDC_PLATFORM_CONFIG``, else ``cdc_platform.yaml`` in the working directory."""
+    return Path(os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_NAME)
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> PlatformConfig:
+    config_path = Path(path) if path is not None else default_config_path()
+    if not config_path.is_file():
+        raise ConfigError(
+            config_path,
+            [f"file not found; create it (see README, 'Config') or set {CONFIG_ENV} to its path"],
+        )
+    text = config_path.read_text(encoding="utf-8")
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(config_path, [f"not valid YAML: {exc}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(config_path, ["the top level must be a mapping with sources, kafka, lake, tables"])
+    try:
+        config = PlatformConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(config_path, _describe(exc, node, config_path)) from None
+    return _resolve_paths(config, config_path)
+
+
+def _resolve_paths(config: PlatformConfig, config_path: Path) -> PlatformConfig:
+    """A relative lake root is relative to the config file, not to the working directory."""
+    root = config.lake.root
+    if "://" in root or Path(root).is_absolute():
+        return config
+    absolute = (config_path.resolve().parent / root).resolve()
+    return config.model_copy(update={"lake": config.lake.model_copy(update={"root": str(absolute)})})
+
+
+def _describe(exc: ValidationError, node: yaml.Node | None, path: Path) -> list[str]:
+    problems = []
+    for error in exc.errors(include_url=False):
+        loc = _strip_union_tags(error["loc"])
+        field = _format_loc(loc)
+        line = _line_of(node, loc)
+        where = f"{path.name}:{line}" if line else path.name
+        message = _explain(error, loc)
+        problems.append(f"{where}: {field or '(top level)'}: {message}")
+    return problems
+
+
+def _strip_union_tags(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    # pydantic inserts type tags such as 'list[str]' into locations of union members
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"str", "int"})))
+
+
+def _format_loc(loc: Sequence[int | str]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _explain(error: Any, loc: tuple[int | str, ...]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        hint = f"; allowed keys: {', '.join(allowed)}" if allowed else ""
+        return f"unknown key '{loc[-1]}'{hint}"
+    if kind == "missing":
+        return "required field is missing"
+    message = str(error["msg"])
+    # pydantic prefixes messages from our validators with "Value error, "
+    return message.removeprefix("Value error, ")
+
+
+def _allowed_keys(loc: Sequence[int | str]) -> list[str]:
+    """Walk the model along ``loc`` to list the keys allowed where an unknown one was found."""
+    model: type[BaseModel] | None = PlatformConfig
+    annotation: Any = None
+    for part in loc:
+        if isinstance(part, str) and model is not None and part in model.model_fields:
+            annotation = model.model_fields[part].annotation
+        elif annotation is not None:  # an index into a list or a key of a dict: step into it
+            args = [a for a in getattr(annotation, "__args__", ()) if a is not type(None)]
+            annotation = args[-1] if args else None
+        else:
+            return []
+        model = _model_in(annotation)
+    return sorted(model.model_fields) if model is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _line_of(node: yaml.Node | None, loc: Sequence[int | str]) -> int | None:
+    """1-based line of the deepest YAML node that ``loc`` reaches."""
+    current = node
+    best: int | None = current.start_mark.line + 1 if current is not None else None
+    for part in loc:
+        if isinstance(current, yaml.MappingNode):
+            nxt = None
+            for key_node, value_node in current.value:
+                if key_node.value == part:
+                    # for an unknown key, point at the key itself
+                    best = key_node.start_mark.line + 1
+                    nxt = value_node
+                    break
+            if nxt is None:
+                return best
+            current = nxt
+        elif isinstance(current, yaml.SequenceNode) and isinstance(part, int) and part < len(current.value):
+            current = current.value[part]
+        else:
+            return best
+        best = current.start_mark.line + 1
+    return best

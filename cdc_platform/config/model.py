@@ -1,0 +1,329 @@
+"""The platform's configuration: sources, Kafka, lake, Spark and tables.
+
+Pure pydantic, no Dagster. Every model forbids unknown keys, so a typo is an error and
+not a silently ignored setting. Secrets are never values in the file: they are names of
+environment variables (``password_env``), resolved at use time into ``SecretStr``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+# Postgres identifiers as they appear in config: either plain (letters, digits, _, $) or
+# anything in double quotes ("Order Items"). Quoting is preserved to the SQL layer.
+_IDENT = r'(?:[A-Za-z_][A-Za-z0-9_$]*|"(?:[^"]|"")+")'
+TABLE_NAME_RE = re.compile(rf"^(?P<source>[a-z][a-z0-9_]*)\.(?P<schema>{_IDENT})\.(?P<table>{_IDENT})$")
+ENV_VAR_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+EnvVarName = Annotated[str, StringConstraints(pattern=ENV_VAR_RE)]
+SourceName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]*$", max_length=40)]
+
+# Option keys whose values are secrets; they must come from the environment.
+SECRET_OPTION_RE = re.compile(r"(password|secret|jaas\.config|token|key\.pem|credential)", re.IGNORECASE)
+
+
+class MissingSecretError(RuntimeError):
+    """A secret's environment variable is not set."""
+
+
+def read_secret(env_var: str, field_path: str) -> SecretStr:
+    """Read a secret from the environment; the message names the variable, never a value."""
+    value = os.environ.get(env_var)
+    if value is None or value == "":
+        raise MissingSecretError(
+            f"environment variable {env_var} is not set (named by {field_path}); "
+            f"export {env_var}=<secret> before running (the dev stack writes it to .cdc/<profile>/env)"
+        )
+    return SecretStr(value)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+class CompatibilityMode(StrEnum):
+    """Schema-registry style compatibility of a table's schema history."""
+
+    BACKWARD = "BACKWARD"
+    FORWARD = "FORWARD"
+    FULL = "FULL"
+    NONE = "NONE"
+
+
+class ErrorTolerance(StrEnum):
+    """Kafka Connect's ``errors.tolerance``: stop on a bad record, or dead-letter it."""
+
+    NONE = "none"
+    ALL = "all"
+
+
+class PostgresSource(_Strict):
+    """A PostgreSQL database captured by logical decoding (pgoutput)."""
+
+    kind: Literal["postgres"] = "postgres"
+    host: str = "127.0.0.1"
+    port: int = Field(default=5432, ge=1, le=65535)
+    database: str = Field(min_length=1)
+    user: str = Field(min_length=1)
+    password_env: EnvVarName = Field(
+        description="Name of the environment variable holding the password (never the password itself)."
+    )
+    slot_name: str | None = Field(
+        default=None, pattern=r"^[a-z0-9_]{1,63}$", description="Replication slot; default cdc_<source>."
+    )
+    publication: str | None = Field(
+        default=None, pattern=r"^[a-z0-9_]{1,63}$", description="Publication; default cdc_<source>."
+    )
+    topic_prefix: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="Kafka topic prefix (Debezium's topic.prefix); default: the source name.",
+    )
+    heartbeat_interval_s: float = Field(default=10.0, gt=0)
+    connect_options: dict[str, str] = Field(
+        default_factory=dict, description="libpq options passed through, e.g. sslmode, connect_timeout."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_plain_password(cls, data: object) -> object:
+        if isinstance(data, dict) and "password" in data:
+            raise ValueError(
+                "a plain-text password is not allowed here; remove 'password' and set "
+                "'password_env: SOME_ENV_VAR', then export SOME_ENV_VAR"
+            )
+        return data
+
+    @field_validator("connect_options")
+    @classmethod
+    def _no_secret_options(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if SECRET_OPTION_RE.search(key):
+                raise ValueError(
+                    f"'{key}' is a secret and may not be written in the file; use password_env for the "
+                    "password (other secrets: a libpq service file or PGSSLKEY paths)"
+                )
+        return value
+
+    def password(self, source_name: str) -> SecretStr:
+        return read_secret(self.password_env, f"sources.{source_name}.password_env")
+
+
+class KafkaConfig(_Strict):
+    """The Kafka cluster the change events go through."""
+
+    bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port…]")
+    options: dict[str, str] = Field(
+        default_factory=dict,
+        description="librdkafka client properties passed through (security.protocol, sasl.mechanism, ssl.*…).",
+    )
+    secret_options_env: dict[str, EnvVarName] = Field(
+        default_factory=dict,
+        description="librdkafka properties whose values are secrets, mapped to environment variable names.",
+    )
+    partitions: int = Field(default=3, ge=1, le=10_000)
+    replication_factor: int = Field(default=1, ge=1, le=32)
+    cleanup_policy: Literal["compact", "delete", "compact,delete"] = "compact"
+
+    @field_validator("options")
+    @classmethod
+    def _no_plain_secrets(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if SECRET_OPTION_RE.search(key):
+                raise ValueError(
+                    f"'{key}' is a secret and may not be written in plain text; move it to "
+                    f"kafka.secret_options_env as '{key}: SOME_ENV_VAR' and export SOME_ENV_VAR"
+                )
+        return value
+
+    def client_config(self) -> dict[str, str]:
+        """librdkafka config with secrets resolved. Never log or return this to a UI."""
+        config = {"bootstrap.servers": self.bootstrap_servers, **self.options}
+        for key, env_var in self.secret_options_env.items():
+            config[key] = read_secret(env_var, f"kafka.secret_options_env.{key}").get_secret_value()
+        return config
+
+
+class LakeConfig(_Strict):
+    """Where the Delta tables live: a local path (relative to the config file) or a URI."""
+
+    root: str = Field(min_length=1, description="e.g. .cdc/dev/lake, /data/lake, s3a://bucket/lake")
+
+
+class SparkConfig(_Strict):
+    master: str = Field(default="local[*]", min_length=1)
+    app_name: str = "cdc_platform"
+    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark conf, passed through.")
+
+
+WINDOW_RE = re.compile(r"^(?P<n>[1-9][0-9]*)(?P<unit>[mhd])$")
+
+
+class ChangelogConfig(_Strict):
+    window: str = Field(
+        default="1h",
+        description="Changelog partition size: Nm (N divides 60), Nh (N divides 24) or 1d.",
+    )
+    grace_s: float = Field(default=30.0, ge=0, description="Idle partitions close a window this long after its end.")
+
+    @field_validator("window")
+    @classmethod
+    def _valid_window(cls, value: str) -> str:
+        match = WINDOW_RE.match(value)
+        allowed = "one of 1m 2m 5m 10m 15m 20m 30m, 1h 2h 3h 4h 6h 8h 12h, 1d"
+        if not match:
+            raise ValueError(f"'{value}' is not a window size; use {allowed}")
+        n, unit = int(match["n"]), match["unit"]
+        ok = (unit == "m" and 60 % n == 0 and n < 60) or (unit == "h" and 24 % n == 0 and n < 24)
+        ok = ok or (unit == "d" and n == 1)
+        if not ok:
+            raise ValueError(f"'{value}' does not divide an hour or a day evenly; use {allowed}")
+        return value
+
+    def cron_schedule(self) -> str:
+        match = WINDOW_RE.match(self.window)
+        assert match is not None  # validated above
+        n, unit = int(match["n"]), match["unit"]
+        if unit == "m":
+            return f"*/{n} * * * *" if n > 1 else "* * * * *"
+        if unit == "h":
+            return f"0 */{n} * * *" if n > 1 else "0 * * * *"
+        return "0 0 * * *"
+
+
+class ErrorsConfig(_Strict):
+    tolerance: ErrorTolerance = ErrorTolerance.NONE
+    dead_letter_threshold: int = Field(
+        default=0, ge=0, description="Completeness check fails above this many dead letters per window."
+    )
+
+
+class TableConfig(_Strict):
+    """One captured table: ``<source>.<schema>.<table>``."""
+
+    name: str = Field(description="<source>.<schema>.<table>, e.g. shop.public.orders")
+    primary_key: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="Key columns. Omit to use the table's primary key; required for tables without one "
+        "(they then need REPLICA IDENTITY FULL).",
+    )
+    asset_name: str | None = Field(
+        default=None, pattern=r"^[a-z][a-z0-9_]*$", description="Dagster asset name; default: the table name."
+    )
+    topic: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    changelog: ChangelogConfig = Field(default_factory=ChangelogConfig)
+    compatibility: CompatibilityMode = CompatibilityMode.BACKWARD
+    errors: ErrorsConfig = Field(default_factory=ErrorsConfig)
+    history: bool = Field(default=False, description="Also keep an SCD2 history table.")
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        if not TABLE_NAME_RE.match(value):
+            raise ValueError(
+                f"'{value}' is not '<source>.<schema>.<table>' (e.g. shop.public.orders; quote "
+                'identifiers with spaces or capitals: shop.public."Order Items")'
+            )
+        return value
+
+    @field_validator("primary_key")
+    @classmethod
+    def _unique_key(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError(f"primary_key lists a column twice: {value}")
+        return value
+
+    @property
+    def source(self) -> str:
+        return self._parts()["source"]
+
+    @property
+    def schema_name(self) -> str:
+        return _unquote(self._parts()["schema"])
+
+    @property
+    def table_name(self) -> str:
+        return _unquote(self._parts()["table"])
+
+    @property
+    def key(self) -> str:
+        """``source.schema.table`` with unquoted names, as users type it on the CLI."""
+        return f"{self.source}.{self.schema_name}.{self.table_name}"
+
+    @property
+    def dagster_name(self) -> str:
+        return self.asset_name or re.sub(r"[^a-z0-9_]+", "_", self.table_name.lower()).strip("_")
+
+    def _parts(self) -> dict[str, str]:
+        match = TABLE_NAME_RE.match(self.name)
+        assert match is not None  # validated above
+        return match.groupdict()
+
+
+def _unquote(ident: str) -> str:
+    if ident.startswith('"') and ident.endswith('"'):
+        return ident[1:-1].replace('""', '"')
+    return ident
+
+
+class PlatformConfig(_Strict):
+    """The whole file."""
+
+    sources: dict[SourceName, PostgresSource] = Field(min_length=1)
+    kafka: KafkaConfig
+    lake: LakeConfig
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    tables: list[TableConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _tables_refer_to_sources(self) -> PlatformConfig:
+        seen: dict[tuple[str, str], str] = {}
+        for i, table in enumerate(self.tables):
+            if table.source not in self.sources:
+                raise ValueError(
+                    f"tables[{i}].name: source '{table.source}' is not declared under sources "
+                    f"(declared: {', '.join(sorted(self.sources))})"
+                )
+            ident = (table.source, table.dagster_name)
+            if ident in seen:
+                raise ValueError(
+                    f"tables[{i}].name: '{table.name}' and '{seen[ident]}' both become asset "
+                    f"{table.source}/{table.dagster_name}; set asset_name on one of them"
+                )
+            seen[ident] = table.name
+        return self
+
+    def table(self, key: str) -> TableConfig:
+        """Look a table up by ``source.schema.table`` (or ``source.table`` when unambiguous)."""
+        for table in self.tables:
+            if key in (table.key, table.name, f"{table.source}.{table.dagster_name}"):
+                return table
+        known = ", ".join(t.key for t in self.tables)
+        raise KeyError(f"no table '{key}' in the config; configured tables: {known}")
+
+    def topic_for(self, table: TableConfig) -> str:
+        if table.topic:
+            return table.topic
+        prefix = self.sources[table.source].topic_prefix or table.source
+        # Kafka topic names allow [A-Za-z0-9._-]; Debezium replaces anything else with '_'.
+        return re.sub(r"[^A-Za-z0-9._-]", "_", f"{prefix}.{table.schema_name}.{table.table_name}")
+
+    def slot_for(self, source_name: str) -> str:
+        return self.sources[source_name].slot_name or f"cdc_{source_name}"
+
+    def publication_for(self, source_name: str) -> str:
+        return self.sources[source_name].publication or f"cdc_{source_name}"

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on a fresh Debian machine, and nothing twice:
+#   - Debian packages: PostgreSQL server (logical decoding, pgbench), Java 17, Maven;
+#   - a Python 3.11 venv in .venv with the pinned project and dev tools;
+#   - the JVM jars (Kafka broker, Spark-side Delta/Kafka connectors) resolved by mvn
+#     from the pinned poms in stack/jvm/ into .cdc/jars/ (ignored by git).
+# Each step is skipped when its stamp matches, so a second run takes seconds.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+STATE="$ROOT/.cdc"
+mkdir -p "$STATE/stamps" "$STATE/jars" "$STATE/logs"
+
+say() { printf '[bootstrap] %s\n' "$*"; }
+die() { printf '[bootstrap] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# --- Debian packages ---------------------------------------------------------
+need_apt=()
+compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need_apt+=(postgresql postgresql-contrib)
+compgen -G "/usr/lib/postgresql/*/bin/pgbench" >/dev/null || need_apt+=(postgresql-contrib)
+command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || need_apt+=(maven)
+command -v python3.11 >/dev/null || need_apt+=(python3.11 python3.11-venv)
+if ((${#need_apt[@]})); then
+  say "installing Debian packages: ${need_apt[*]}"
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || die "need root (or sudo) to apt-get install ${need_apt[*]}"
+    SUDO="sudo"
+  fi
+  # The postgresql package's postinst would start a system cluster on 5432; we never use
+  # it (our stack runs its own clusters from .cdc/), so keep apt from starting services.
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO env RUNLEVEL=1 apt-get install -y -q --no-install-recommends "${need_apt[@]}" \
+    || die "apt-get install ${need_apt[*]} failed (see the output above)"
+fi
+
+# --- Python venv --------------------------------------------------------------
+PY="$(command -v python3.11 || true)"
+[[ -n "$PY" ]] || die "python3.11 not found after install"
+if [[ ! -x .venv/bin/python ]]; then
+  say "creating .venv with $PY"
+  "$PY" -m venv .venv || die "could not create .venv (on Debian: apt-get install python3.11-venv)"
+fi
+pip_stamp="$(sha256sum pyproject.toml | cut -c1-16)"
+if [[ "$(cat "$STATE/stamps/pip" 2>/dev/null)" != "$pip_stamp" ]] || ! .venv/bin/python -c "import cdc_platform" 2>/dev/null; then
+  say "installing Python packages (pinned in pyproject.toml)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[dev]" || die "pip install failed (see the output above)"
+  echo "$pip_stamp" > "$STATE/stamps/pip"
+fi
+
+# --- JVM jars -------------------------------------------------------------------
+resolve_jars() {  # $1 = name under stack/jvm/ and .cdc/jars/
+  local name="$1" pom="stack/jvm/$1/pom.xml" out="$STATE/jars/$1"
+  local stamp; stamp="$(sha256sum "$pom" | cut -c1-16)"
+  if [[ "$(cat "$STATE/stamps/jars-$name" 2>/dev/null)" == "$stamp" ]] && compgen -G "$out/*.jar" >/dev/null; then
+    return
+  fi
+  say "resolving $name jars with mvn (pinned in $pom)"
+  rm -rf "$out"
+  mvn -q -B -s "${CDC_MVN_SETTINGS:-stack/jvm/settings.xml}" -f "$pom" dependency:copy-dependencies -DoutputDirectory="$out" -DincludeScope=runtime \
+    > "$STATE/logs/mvn-$name.log" 2>&1 \
+    || { tail -20 "$STATE/logs/mvn-$name.log" >&2; die "mvn could not resolve $name jars; see .cdc/logs/mvn-$name.log"; }
+  echo "$stamp" > "$STATE/stamps/jars-$name"
+}
+resolve_jars kafka
+resolve_jars spark
+say "ready"
