@@ -1,0 +1,1 @@
+"""Source connectors: PostgreSQL logical decoding (and, later, query-based polling)."""

@@ -1,0 +1,38 @@
+"""The Dagster code location: everything is built from the config file.
+
+``$CDC_PLATFORM_CONFIG`` names the file (default ./cdc_platform.yaml). A bad file fails
+the code location load with the same message ``cdc-platform config check`` prints.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from cdc_platform.config import PlatformConfig, load_config
+from cdc_platform.factories.table import build_table_definitions, source_asset_key
+from cdc_platform.resources import PostgresSourcesResource
+
+
+def build_definitions(config: PlatformConfig) -> dg.Definitions:
+    per_table = [build_table_definitions(config, table) for table in config.tables]
+    observe_sources = dg.define_asset_job(
+        "observe_sources",
+        selection=dg.AssetSelection.assets(*(source_asset_key(t) for t in config.tables)),
+        description="Observe every source table: columns, key, replica identity, row count.",
+    )
+    platform = dg.Definitions(
+        jobs=[observe_sources],
+        schedules=[
+            dg.ScheduleDefinition(
+                name="observe_sources_every_5_minutes",
+                job=observe_sources,
+                cron_schedule="*/5 * * * *",
+                default_status=dg.DefaultScheduleStatus.RUNNING,
+            )
+        ],
+        resources={"postgres": PostgresSourcesResource.from_config(config)},
+    )
+    return dg.Definitions.merge(*per_table, platform)
+
+
+defs = build_definitions(load_config())

@@ -1,0 +1,5 @@
+"""Dagster resources (ConfigurableResource only; secrets come in as EnvVar)."""
+
+from cdc_platform.resources.postgres import PostgresConnection, PostgresSourcesResource
+
+__all__ = ["PostgresConnection", "PostgresSourcesResource"]

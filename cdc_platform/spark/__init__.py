@@ -1,0 +1,1 @@
+"""Spark: session settings, Delta IO (and, as they land, Kafka range reads and merges)."""
