@@ -1,8 +1,8 @@
 """``cdc-platform``: the command line.
 
-    cdc-platform dev up|down|status [--profile dev|test]
-    cdc-platform config check [--config PATH]
-    cdc-platform demo setup|load|pgbench …
+cdc-platform dev up|down|status [--profile dev|test]
+cdc-platform config check [--config PATH]
+cdc-platform demo setup|load|pgbench …
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need_apt+=(postgre
 compgen -G "/usr/lib/postgresql/*/bin/pgbench" >/dev/null || need_apt+=(postgresql-contrib)
 command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need_apt+=(maven)
+command -v curl >/dev/null || need_apt+=(curl)
 command -v python3.11 >/dev/null || need_apt+=(python3.11 python3.11-venv)
 if ((${#need_apt[@]})); then
   say "installing Debian packages: ${need_apt[*]}"

@@ -140,3 +140,17 @@ def resolve_key(source_table: SourceTable, configured: list[str] | None, config_
             f"{config_field} (and ALTER TABLE {source_table.qualified} REPLICA IDENTITY FULL)"
         )
     return source_table.primary_key
+
+
+def describe_connection_error(source: str, exc: psycopg.OperationalError) -> str:
+    """A connection failure in words that name the fix. libpq's message names host, port
+    and user but never the password, so it is safe to include."""
+    text = str(exc).strip()
+    if "password authentication failed" in text:
+        return (
+            f"source '{source}': bad credentials ({text}); check the user in the config and the "
+            "password in the environment variable its password_env names"
+        )
+    if "does not exist" in text and "database" in text:
+        return f"source '{source}': {text}; fix sources.{source}.database in the config"
+    return f"source '{source}': cannot connect ({text}); is the database up and reachable?"

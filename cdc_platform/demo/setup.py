@@ -53,9 +53,7 @@ def _grant_select(conn: object, schema: str) -> None:
     assert isinstance(conn, Connection)
     ident = sql.Identifier
     conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(ident(schema), ident(CAPTURE_ROLE)))
-    conn.execute(
-        sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}").format(ident(schema), ident(CAPTURE_ROLE))
-    )
+    conn.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}").format(ident(schema), ident(CAPTURE_ROLE)))
     conn.execute(
         sql.SQL("ALTER DEFAULT PRIVILEGES FOR ROLE {} IN SCHEMA {} GRANT SELECT ON TABLES TO {}").format(
             ident(APP_ROLE), ident(schema), ident(CAPTURE_ROLE)

@@ -7,10 +7,12 @@ import json
 import os
 import random
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import date, time as dtime, timedelta
+from datetime import date, timedelta
+from datetime import time as dtime
 from decimal import Decimal
 
 import psycopg
@@ -91,7 +93,8 @@ def _insert_customer(conn: psycopg.Connection[tuple[object, ...]], rng: random.R
         """INSERT INTO customers (email, full_name, birth_date, preferred_contact, tags, loyalty_points)
            VALUES (%s, %s, %s, %s, %s, %s) RETURNING id""",
         (
-            f"user{n}@example.com",
+            # unique across runs even with a fixed --seed (the seed shapes the mix, not identities)
+            f"user{n}.{uuid.uuid4().hex[:10]}@example.com",
             rng.choice(["Ana", "Bo", "Chen", "Dara", "Emil", "Fatima"]) + f" {n % 10_000}",
             date(1950, 1, 1) + timedelta(days=rng.randint(0, 20_000)) if rng.random() > 0.2 else None,
             dtime(rng.randint(8, 19), rng.choice([0, 15, 30, 45])),
@@ -128,7 +131,7 @@ class ShopWorkload:
         address = {"city": self.rng.choice(CITIES), "zip": f"{self.rng.randint(1000, 9999)}"}
         order = self.conn.execute(
             "INSERT INTO orders (customer_id, shipping_address, notes) VALUES (%s, %s, %s) RETURNING id",
-            (customer[0], Jsonb(address), self.rng.choice([None, "leave at door", "gift: \"wrap it\" ✓"])),
+            (customer[0], Jsonb(address), self.rng.choice([None, "leave at door", 'gift: "wrap it" ✓'])),
         ).fetchone()
         assert order is not None
         self._count("orders", "insert")
@@ -155,7 +158,12 @@ class ShopWorkload:
             return self.new_order()
         self.conn.execute(
             "INSERT INTO payments (order_id, amount, method, raw_response) VALUES (%s, %s, %s, %s)",
-            (order[0], order[1], self.rng.choice(METHODS), Jsonb({"ok": True, "ref": self.rng.getrandbits(32)})),
+            (
+                order[0],
+                order[1],
+                self.rng.choice(METHODS),
+                Jsonb({"ok": True, "ref": self.rng.getrandbits(32)}),
+            ),
         )
         self._count("payments", "insert")
         self.conn.execute("UPDATE orders SET status = 'paid' WHERE id = %s", (order[0],))
@@ -184,9 +192,7 @@ class ShopWorkload:
 
     def renumber_line(self) -> None:
         """A primary-key update: capture must emit delete(old key) + create(new key)."""
-        line = self._pick(
-            "SELECT order_id, line_no FROM order_lines ORDER BY random() LIMIT 1"
-        )
+        line = self._pick("SELECT order_id, line_no FROM order_lines ORDER BY random() LIMIT 1")
         if line is None:
             return
         moved = self.conn.execute(
@@ -253,7 +259,7 @@ class ShopWorkload:
 
     def step(self) -> str:
         names, weights = zip(*self.MIX, strict=True)
-        name = self.rng.choices(names, weights=weights)[0]
+        name: str = self.rng.choices(names, weights=weights)[0]
         with self.conn.transaction():
             getattr(self, name)()
         self.stats.transactions += 1

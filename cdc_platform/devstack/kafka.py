@@ -145,7 +145,9 @@ class LocalKafka:
             check=False,
         )
         if result.returncode != 0:
-            raise KafkaError(f"formatting Kafka storage in {self.data} failed:\n{result.stdout[-1500:]}{result.stderr[-1500:]}")
+            raise KafkaError(
+                f"formatting Kafka storage in {self.data} failed:\n{result.stdout[-1500:]}{result.stderr[-1500:]}"
+            )
 
     def _start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)

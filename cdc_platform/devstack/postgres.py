@@ -160,7 +160,8 @@ class LocalPostgres:
             # filling the disk: the platform detects that and rehydrates the table
             "max_slot_wal_keep_size": "'4GB'",
             "fsync": "on" if self.profile.pg_fsync else "off",
-            "synchronous_commit": "on" if self.profile.pg_fsync else "off",
+            # synchronous_commit stays on: logical decoding reads only flushed WAL, so an
+            # unflushed commit would be invisible to capture for up to wal_writer_delay
             "full_page_writes": "on" if self.profile.pg_fsync else "off",
             "shared_buffers": "'256MB'",
             "max_connections": "200",
@@ -184,7 +185,17 @@ class LocalPostgres:
         _chown_for_server(self.log)
         result = subprocess.run(
             _as_server_user(
-                [str(bin_dir() / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start"]
+                [
+                    str(bin_dir() / "pg_ctl"),
+                    "-D",
+                    str(self.data),
+                    "-l",
+                    str(self.log),
+                    "-w",
+                    "-t",
+                    "60",
+                    "start",
+                ]
             ),
             capture_output=True,
             text=True,

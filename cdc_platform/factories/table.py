@@ -5,13 +5,19 @@ UI shows one group per source table. Today a table contributes the observed sour
 table; the snapshot, changelog and current-state assets join this group as they land.
 """
 
-
 from typing import Any
 
 import dagster as dg
+import psycopg
 from psycopg import sql
 
-from cdc_platform.capture.pg_catalog import SourceTable, describe_table, resolve_key
+from cdc_platform.capture.pg_catalog import (
+    SourceTable,
+    SourceTableError,
+    describe_connection_error,
+    describe_table,
+    resolve_key,
+)
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.resources.postgres import PostgresSourcesResource
 
@@ -54,14 +60,18 @@ def build_table_definitions(config: PlatformConfig, table: TableConfig) -> dg.De
         name=f"observe_{table.source}_{table.dagster_name}",
         description=f"Observe {table.key} in its source database.",
     )
-    def observe_source_table(
-        context: dg.AssetExecutionContext, postgres: PostgresSourcesResource
-    ) -> dg.ObserveResult:
-        with postgres.connect(table.source) as conn:
-            described = describe_table(conn, table.schema_name, table.table_name)
-            key = resolve_key(described, table.primary_key, f"tables[{table.key}].primary_key")
-            exact = described.estimated_rows <= EXACT_COUNT_LIMIT
-            rows = _count_rows(conn, described) if exact else described.estimated_rows
+    def observe_source_table(context: dg.AssetExecutionContext, postgres: PostgresSourcesResource) -> dg.ObserveResult:
+        try:
+            with postgres.connect(table.source) as conn:
+                described = describe_table(conn, table.schema_name, table.table_name)
+                key = resolve_key(described, table.primary_key, f"tables[{table.key}].primary_key")
+                exact = described.estimated_rows <= EXACT_COUNT_LIMIT
+                rows = _count_rows(conn, described) if exact else described.estimated_rows
+        except SourceTableError as exc:
+            # fatal: retrying cannot help until someone changes the table or the config
+            raise dg.Failure(description=str(exc), allow_retries=False) from None
+        except psycopg.OperationalError as exc:
+            raise dg.Failure(description=describe_connection_error(table.source, exc)) from None
         context.log.info(
             f"{table.key}: {rows} rows ({'exact' if exact else 'estimated'}), "
             f"{len(described.columns)} columns, schema {described.schema_hash()}"
@@ -83,9 +93,7 @@ def _count_rows(conn: Any, described: SourceTable) -> int:
     return int(row[0]) if row else 0
 
 
-def observation_metadata(
-    described: SourceTable, key: tuple[str, ...], rows: int, exact: bool
-) -> dict[str, Any]:
+def observation_metadata(described: SourceTable, key: tuple[str, ...], rows: int, exact: bool) -> dict[str, Any]:
     return {
         "dagster/row_count": dg.MetadataValue.int(rows),
         "rows": dg.MetadataValue.int(rows),

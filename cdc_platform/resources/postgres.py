@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 import psycopg
+from psycopg.conninfo import make_conninfo
 from pydantic import Field
 
 from cdc_platform.config import PlatformConfig
@@ -19,7 +20,7 @@ class PostgresConnection(dg.Config):
     connect_options: dict[str, str] = Field(default_factory=dict)
 
 
-class PostgresSourcesResource(dg.ConfigurableResource):  # type: ignore[misc]
+class PostgresSourcesResource(dg.ConfigurableResource["PostgresSourcesResource"]):
     """One connection description per configured source, keyed by source name."""
 
     sources: dict[str, PostgresConnection]
@@ -27,6 +28,7 @@ class PostgresSourcesResource(dg.ConfigurableResource):  # type: ignore[misc]
     def connect(self, source: str) -> psycopg.Connection[tuple[object, ...]]:
         c = self.sources[source]
         return psycopg.connect(
+            make_conninfo("", **c.connect_options),  # libpq options such as sslmode
             host=c.host,
             port=c.port,
             dbname=c.database,
@@ -35,7 +37,6 @@ class PostgresSourcesResource(dg.ConfigurableResource):  # type: ignore[misc]
             autocommit=True,
             connect_timeout=10,
             application_name="cdc_platform",
-            **c.connect_options,
         )
 
     @classmethod

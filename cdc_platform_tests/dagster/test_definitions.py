@@ -1,0 +1,160 @@
+"""The Dagster code location: built from the config, one asset group per table, real
+observations of the source tables, and no secret anywhere Dagster stores things."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from cdc_platform.config import load_config
+from cdc_platform.definitions import build_definitions
+from cdc_platform.demo.workload import app_connect
+from cdc_platform.devstack import StackProfile
+from cdc_platform_tests.conftest import REPO_ROOT, write_config
+
+pytestmark = pytest.mark.integration
+
+
+def _groups(defs: dg.Definitions) -> dict[str, set[str]]:
+    groups: dict[str, set[str]] = {}
+    for spec in defs.resolve_all_asset_specs():
+        groups.setdefault(spec.group_name or "", set()).add(spec.key.to_user_string())
+    return groups
+
+
+def test_one_asset_group_per_configured_table() -> None:
+    config = load_config(REPO_ROOT / "cdc_platform.yaml")
+    groups = _groups(build_definitions(config))
+    expected = {f"{t.source}_{t.dagster_name}" for t in config.tables}
+    assert set(groups) == expected
+    assert groups["shop_order_lines"] == {"shop/order_lines/source"}
+    spec = next(s for s in build_definitions(config).resolve_all_asset_specs() if s.key.path[:2] == ["shop", "orders"])
+    assert spec.kinds == {"postgres"}
+    assert spec.metadata["topic"] == "shop.public.orders"
+
+
+def test_dagster_definitions_validate_passes() -> None:
+    env = {**os.environ, "DAGSTER_HOME": str(REPO_ROOT)}
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Validation successful" in result.stdout + result.stderr
+
+
+def test_bad_config_fails_the_code_location_with_the_config_message(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sources: {}\nkafka: {bootstrap_servers: x}\nlake: {root: l}\ntables: []\n")
+    result = subprocess.run(
+        [sys.executable, "-c", "import cdc_platform.definitions"],
+        env={**os.environ, "CDC_PLATFORM_CONFIG": str(bad)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "bad.yaml:1: sources: Dictionary should have at least 1 item" in result.stderr
+
+
+def _observe(defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
+    job = defs.resolve_job_def("observe_sources")
+    return job.execute_in_process(instance=instance, raise_on_error=False)
+
+
+def test_observation_reports_the_source_table(demo_config_path: Path, tmp_path: Path, capture_password: str) -> None:
+    defs = build_definitions(load_config(demo_config_path))
+    (tmp_path / "dagster").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        result = _observe(defs, instance)
+        assert result.success
+        observed = [ev.asset_observation_data.asset_observation for ev in result.get_asset_observation_events()]
+        observations = {o.asset_key.to_user_string(): o for o in observed}
+    with app_connect(_profile(demo_config_path)) as conn:
+        row = conn.execute("SELECT count(*) FROM order_lines").fetchone()
+    assert row is not None
+    lines = observations["shop/order_lines/source"]
+    assert lines.metadata["rows"].value == row[0]
+    assert lines.metadata["key_columns"].value == "order_id, line_no"
+    columns = {c.name: c for c in lines.metadata["dagster/column_schema"].value.columns}
+    assert columns["unit_price"].type == "numeric(12,2)"
+    assert columns["order_id"].constraints.nullable is False
+    audit = observations["shop/audit_events/source"]
+    assert audit.metadata["key_columns"].value == "event_id"  # configured: the table has no primary key
+    assert audit.metadata["replica_identity"].value == "full"
+
+    # the password reaches the connection, never Dagster's storage (runs, events, logs)
+    stored = b"".join(p.read_bytes() for p in (tmp_path / "dagster").rglob("*") if p.is_file())
+    assert stored, "the instance wrote nothing; the check below would be vacuous"
+    assert capture_password.encode() not in stored
+
+
+def _profile(config_path: Path) -> StackProfile:
+    from cdc_platform.devstack import PROFILES
+
+    port = load_config(config_path).sources["shop"].port
+    return next(p for p in PROFILES.values() if p.pg_port == port)
+
+
+@pytest.mark.parametrize(
+    ("table_sql", "table_yaml", "message"),
+    [
+        (
+            "CREATE TABLE IF NOT EXISTS no_key_t (a int, b text)",
+            "  - name: shop.public.no_key_t",
+            "public.no_key_t has no primary key; add one, or name key columns in "
+            "tables[shop.public.no_key_t].primary_key (and ALTER TABLE public.no_key_t REPLICA IDENTITY FULL)",
+        ),
+        (
+            "CREATE TABLE IF NOT EXISTS no_key_default_identity (a int, b text)",
+            "  - name: shop.public.no_key_default_identity\n    primary_key: [a]",
+            "public.no_key_default_identity has no primary key, so a configured key needs whole old rows: "
+            "run ALTER TABLE public.no_key_default_identity REPLICA IDENTITY FULL",
+        ),
+        (
+            None,
+            "  - name: shop.public.does_not_exist",
+            'table public.does_not_exist does not exist in database "shop"',
+        ),
+    ],
+)
+def test_observation_fails_with_a_message_naming_the_fix(
+    demo_db: StackProfile, tmp_path: Path, table_sql: str | None, table_yaml: str, message: str
+) -> None:
+    if table_sql:
+        with app_connect(demo_db) as conn:
+            conn.execute(table_sql)
+    config = load_config(write_config(tmp_path / "c.yaml", demo_db, table_yaml))
+    with dg.instance_for_test() as instance:
+        result = _observe(build_definitions(config), instance)
+    assert not result.success
+    [failure] = [ev for ev in result.all_events if ev.is_step_failure]
+    assert failure.step_failure_data.user_failure_data is not None  # a dg.Failure, not a crash
+    assert message in (failure.step_failure_data.user_failure_data.description or "")
+
+
+def test_bad_credentials_fail_with_the_fix_and_without_the_password(
+    demo_config_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CDC_PG_PASSWORD", "wrong-password-xyz")
+    config = load_config(demo_config_path)
+    with dg.instance_for_test() as instance:
+        result = _observe(build_definitions(config), instance)
+    failures = [ev.step_failure_data for ev in result.all_events if ev.is_step_failure]
+    assert failures
+    for failure in failures:
+        assert failure.user_failure_data is not None
+        description = failure.user_failure_data.description or ""
+        assert "bad credentials" in description and "password_env" in description
+        assert "wrong-password-xyz" not in description

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The demo: local stack up, demo databases, a steady shop workload, and the Dagster UI.
+#   scripts/demo.sh            run (the UI stays in the foreground; Ctrl-C stops UI + workload)
+#   CDC_DEMO_DETACH=1 …        run the UI in the background too (used by tests and screenshots)
+#   scripts/demo.sh --status   what the demo runs
+#   scripts/demo.sh --stop     stop the workload and UI this script started (not the stack)
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+export DAGSTER_HOME="$ROOT"
+V="$ROOT/.venv/bin"
+P="$ROOT/.cdc/dev"
+PIDS="$P/pids"; LOGS="$P/logs"
+UI_PORT="${CDC_DEMO_UI_PORT:-3000}"
+RATE="${CDC_DEMO_RATE:-5}"
+mkdir -p "$PIDS" "$LOGS" "$ROOT/.cdc/dagster"
+
+alive() {  # alive NAME MARKER: pid from our pid file, if that process still runs MARKER
+  local pid; pid="$(cat "$PIDS/$1.pid" 2>/dev/null || true)"
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -- "$2" && echo "$pid"
+}
+stop() {  # stop NAME MARKER: the whole process group we started (dagster dev has children)
+  local pid; pid="$(alive "$1" "$2" || true)"
+  if [[ -n "$pid" ]]; then
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+    echo "stopped $1 (pid $pid)"
+  fi
+  rm -f "$PIDS/$1.pid"
+}
+
+case "${1:-}" in
+  --status)
+    for n in workload:"demo load" dagster:"dagster dev"; do
+      pid="$(alive "${n%%:*}" "${n#*:}" || true)"
+      echo "${n%%:*}: ${pid:+up (pid $pid)}${pid:-down}"
+    done
+    exit 0 ;;
+  --stop)
+    stop dagster "dagster dev"; stop workload "demo load"; exit 0 ;;
+esac
+
+"$V/cdc-platform" dev up --profile dev
+"$V/cdc-platform" demo setup --profile dev
+set -a; . "$P/env"; set +a
+
+if [[ -z "$(alive workload "demo load" || true)" ]]; then
+  setsid "$V/cdc-platform" demo load --profile dev --rate "$RATE" --seconds 0 >> "$LOGS/workload.log" 2>&1 &
+  echo $! > "$PIDS/workload.pid"
+  echo "workload: started ($RATE tx/s; log $LOGS/workload.log)"
+else
+  echo "workload: already running"
+fi
+
+"$V/cdc-platform" config check
+# Observe every source table once now, so the UI has data before the first schedule tick.
+"$V/dagster" job execute -m cdc_platform.definitions -j observe_sources >> "$LOGS/dagster-jobs.log" 2>&1 \
+  || { echo "observe_sources failed; see $LOGS/dagster-jobs.log" >&2; exit 1; }
+echo "observed every source table (job observe_sources)"
+
+if [[ -n "$(alive dagster "dagster dev" || true)" ]]; then
+  echo "Dagster UI already running on http://127.0.0.1:$UI_PORT"; exit 0
+fi
+if [[ "${CDC_DEMO_DETACH:-0}" == "1" ]]; then
+  setsid "$V/dagster" dev -h 127.0.0.1 -p "$UI_PORT" -w workspace.yaml >> "$LOGS/dagster.log" 2>&1 &
+  echo $! > "$PIDS/dagster.pid"
+  for _ in $(seq 1 120); do
+    if curl -sf "http://127.0.0.1:$UI_PORT/server_info" >/dev/null 2>&1; then
+      echo "Dagster UI: http://127.0.0.1:$UI_PORT (log $LOGS/dagster.log; stop with: make down)"; exit 0
+    fi
+    sleep 1
+  done
+  echo "Dagster UI did not answer on 127.0.0.1:$UI_PORT within 120 s; see $LOGS/dagster.log" >&2; exit 1
+fi
+trap 'stop workload "demo load"' EXIT
+echo "Dagster UI: http://127.0.0.1:$UI_PORT  (Ctrl-C stops the UI and the workload; 'make down' stops the stack)"
+"$V/dagster" dev -h 127.0.0.1 -p "$UI_PORT" -w workspace.yaml
