@@ -34,7 +34,7 @@ case "${1:-}" in
   --status)
     for n in workload:"demo load" dagster:"dagster dev"; do
       pid="$(alive "${n%%:*}" "${n#*:}" || true)"
-      echo "${n%%:*}: ${pid:+up (pid $pid)}${pid:-down}"
+      if [[ -n "$pid" ]]; then echo "${n%%:*}: up (pid $pid)"; else echo "${n%%:*}: down"; fi
     done
     exit 0 ;;
   --stop)
