@@ -8,6 +8,7 @@ cdc-platform demo setup|load|pgbench …
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 from cdc_platform.config import ConfigError, load_config
 
 if TYPE_CHECKING:
+    from cdc_platform.config import PlatformConfig
     from cdc_platform.devstack.profiles import StackProfile
 
 
@@ -57,6 +59,21 @@ def _parser() -> argparse.ArgumentParser:
     check = config_sub.add_parser("check", help="validate the config and list its tables")
     check.add_argument("--config", help="path (default: $CDC_PLATFORM_CONFIG or ./cdc_platform.yaml)")
     check.set_defaults(func=_config_check)
+
+    capture = sub.add_parser("capture", help="PostgreSQL logical decoding into Kafka")
+    capture_sub = capture.add_subparsers(dest="action", required=True)
+    run = capture_sub.add_parser("run", help="stream changes (until stopped, or --until-caught-up)")
+    run.add_argument("--config", help="path (default: $CDC_PLATFORM_CONFIG or ./cdc_platform.yaml)")
+    run.add_argument("--source", help="source name (required when the config has several)")
+    run.add_argument(
+        "--until-caught-up", action="store_true", help="stop once every change committed before start is in Kafka"
+    )
+    run.add_argument("--status-file", help="write position, lag and counts here as JSON")
+    run.set_defaults(func=_capture_run)
+    cstatus = capture_sub.add_parser("status", help="the replication slot: position, lag in bytes, state")
+    cstatus.add_argument("--config")
+    cstatus.add_argument("--source")
+    cstatus.set_defaults(func=_capture_status)
 
     demo = sub.add_parser("demo", help="the demo databases and workloads")
     demo_sub = demo.add_subparsers(dest="action", required=True)
@@ -119,6 +136,54 @@ def _config_check(args: argparse.Namespace) -> int:
             f"window={table.changelog.window} compatibility={table.compatibility.value} "
             f"errors.tolerance={table.errors.tolerance.value}"
         )
+    return 0
+
+
+def _pick_source(config: PlatformConfig, name: str | None) -> str:
+    if name:
+        if name not in config.sources:
+            raise CliError(f"no source '{name}' in the config; sources: {', '.join(sorted(config.sources))}")
+        return name
+    if len(config.sources) == 1:
+        return next(iter(config.sources))
+    raise CliError(f"the config has several sources; choose one with --source ({', '.join(sorted(config.sources))})")
+
+
+def _capture_run(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+    from pathlib import Path
+
+    from cdc_platform.capture.errors import CaptureError, SlotLostError
+    from cdc_platform.capture.postgres import CaptureOptions, PostgresCapture
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = load_config(args.config)
+    source = _pick_source(config, args.source)
+    options = CaptureOptions(
+        until_caught_up=args.until_caught_up,
+        give_up_after_s=120.0 if args.until_caught_up else None,
+        status_file=Path(args.status_file) if args.status_file else None,
+    )
+    capture = PostgresCapture(config, source, options)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: capture.stop())
+    try:
+        stats = capture.run()
+    except SlotLostError as exc:
+        print(f"error [{exc.reason}]: {exc}", file=sys.stderr)
+        return 3
+    except CaptureError as exc:
+        raise CliError(str(exc)) from None
+    print(json.dumps(stats.as_dict()))
+    return 0
+
+
+def _capture_status(args: argparse.Namespace) -> int:
+    from cdc_platform.capture.postgres import slot_status
+
+    config = load_config(args.config)
+    print(json.dumps(slot_status(config, _pick_source(config, args.source)), indent=2))
     return 0
 
 

@@ -93,6 +93,11 @@ class PostgresSource(_Strict):
         description="Kafka topic prefix (Debezium's topic.prefix); default: the source name.",
     )
     heartbeat_interval_s: float = Field(default=10.0, gt=0)
+    envelope_schemas: bool = Field(
+        default=False, description="Embed Kafka Connect schemas in keys and values (JsonConverter schemas.enable)."
+    )
+    decimal_handling: Literal["precise", "string"] = "precise"
+    interval_handling: Literal["string", "numeric"] = "string"
     connect_options: dict[str, str] = Field(
         default_factory=dict, description="libpq options passed through, e.g. sslmode, connect_timeout."
     )
@@ -149,9 +154,9 @@ class KafkaConfig(_Strict):
                 )
         return value
 
-    def client_config(self) -> dict[str, str]:
+    def client_config(self) -> dict[str, str | int | float | bool]:
         """librdkafka config with secrets resolved. Never log or return this to a UI."""
-        config = {"bootstrap.servers": self.bootstrap_servers, **self.options}
+        config: dict[str, str | int | float | bool] = {"bootstrap.servers": self.bootstrap_servers, **self.options}
         for key, env_var in self.secret_options_env.items():
             config[key] = read_secret(env_var, f"kafka.secret_options_env.{key}").get_secret_value()
         return config

@@ -29,7 +29,10 @@ def setup_demo(profile: StackProfile, pgbench_scale: int = 1, seed_customers: in
         conn.execute(shop_schema_sql().encode())
         conn.execute("RESET ROLE")
         _grant_select(conn, "public")
-    yield "shop: schema ready (" + ", ".join(SHOP_TABLES) + ")"
+        # The publication must be created by the tables' owner: the capture role is
+        # least-privilege (REPLICATION + SELECT) and may not.
+        _ensure_publication(conn, "cdc_shop", SHOP_TABLES)
+    yield "shop: schema ready (" + ", ".join(SHOP_TABLES) + "), publication cdc_shop"
     seeded = seed_shop(profile, customers=seed_customers)
     yield f"shop: seeded {seeded} customers" if seeded else "shop: already seeded"
 
@@ -44,6 +47,23 @@ def setup_demo(profile: StackProfile, pgbench_scale: int = 1, seed_customers: in
         # pgbench_history has no primary key; capture needs whole old rows for it
         conn.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
         _grant_select(conn, "public")
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(APP_ROLE)))
+        # pgbench_history has no key and is not captured in the demo config
+        _ensure_publication(conn, "cdc_bench", PGBENCH_TABLES[:3])
+        conn.execute("RESET ROLE")
+
+
+def _ensure_publication(conn: object, name: str, tables: tuple[str, ...]) -> None:
+    from psycopg import Connection
+
+    assert isinstance(conn, Connection)
+    if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone():
+        return
+    conn.execute(
+        sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+            sql.Identifier(name), sql.SQL(", ").join(sql.Identifier("public", t) for t in tables)
+        )
+    )
 
 
 def _grant_select(conn: object, schema: str) -> None:
