@@ -207,9 +207,9 @@ class EnvelopeCodec:
             return records
         if op == "d":
             assert old is not None
-            before = self.row(shape, old) if old_is_full_row else self._key_only_row(shape, old)
+            deleted = self.row(shape, old) if old_is_full_row else self._key_only_row(shape, old)
             key = self.key_bytes(shape, self.key_row(shape, old))
-            records.append(self._record(shape, key, "d", before, None, position, now_us))
+            records.append(self._record(shape, key, "d", deleted, None, position, now_us))
             records.append(Record(shape.topic, key, None, None, lsn=position.lsn))
             return records
         assert new is not None
