@@ -69,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
         "--until-caught-up", action="store_true", help="stop once every change committed before start is in Kafka"
     )
     run.add_argument("--status-file", help="write position, lag and counts here as JSON")
+    run.add_argument(
+        "--new-slot",
+        action="store_true",
+        help="create a new replication slot although the previous one was lost (after rehydrating the tables)",
+    )
     run.set_defaults(func=_capture_run)
     cstatus = capture_sub.add_parser("status", help="the replication slot: position, lag in bytes, state")
     cstatus.add_argument("--config")
@@ -164,6 +169,7 @@ def _capture_run(args: argparse.Namespace) -> int:
         until_caught_up=args.until_caught_up,
         give_up_after_s=120.0 if args.until_caught_up else None,
         status_file=Path(args.status_file) if args.status_file else None,
+        new_slot=args.new_slot,
     )
     capture = PostgresCapture(config, source, options)
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -158,6 +158,9 @@ class CaptureOptions:
     give_up_after_s: float | None = None  # None: retry forever (a long-running worker)
     status_interval_s: float = 10.0
     status_file: Path | None = None
+    # Create a new slot even though an earlier one of this source was lost: the caller
+    # accepts the gap (the tables get rehydrated by a new snapshot generation).
+    new_slot: bool = False
 
 
 class PostgresCapture:
@@ -188,6 +191,7 @@ class PostgresCapture:
         self._keys: dict[tuple[str, str], tuple[str, ...]] = {}
         self._topics = {(t.schema_name, t.table_name): config.topic_for(t) for t in self.tables}
         self._types: dict[int, PgType] = {}
+        self._slot_created_at: int | None = None
         self._stop = False
 
     # -- connections ----------------------------------------------------------------------
@@ -262,7 +266,44 @@ class PostgresCapture:
             self._ensure_publication(conn)
             confirmed = self._ensure_slot(conn)
         self._ensure_topics()
+        if self._slot_created_at is not None:
+            # remember the slot durably (the heartbeat topic is compacted, keyed by source):
+            # if it disappears later, the next start knows changes were lost
+            producer = Producer(self._producer_config())
+            self._heartbeat(producer, confirmed)
+            if producer.flush(30) != 0:
+                raise RetriableCaptureError("could not record the new slot in the heartbeat topic")
         return confirmed
+
+    def last_heartbeat(self) -> dict[str, Any] | None:
+        """The newest heartbeat record of this source, or None if there is none."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer(
+            {
+                **self.config.kafka.client_config(),
+                "group.id": f"cdc_platform_heartbeat_reader_{self.source_name}",
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            metadata = consumer.list_topics(self.heartbeat_topic, timeout=15)
+            topic = metadata.topics.get(self.heartbeat_topic)
+            if topic is None or topic.error is not None:
+                return None
+            low, high = consumer.get_watermark_offsets(TopicPartition(self.heartbeat_topic, 0), timeout=15)
+            if high <= low:
+                return None
+            consumer.assign([TopicPartition(self.heartbeat_topic, 0, high - 1)])
+            msg = consumer.poll(15)
+            if msg is None or msg.error() or msg.value() is None:
+                return None
+            value = json.loads(msg.value() or b"{}")
+            return value if isinstance(value, dict) else None
+        except KafkaException as exc:
+            raise RetriableCaptureError(f"Kafka unreachable at {self.config.kafka.bootstrap_servers}: {exc}") from None
+        finally:
+            consumer.close()
 
     def _table_idents(self) -> sql.Composable:
         return sql.SQL(", ").join(
@@ -309,6 +350,14 @@ class PostgresCapture:
             (self.slot,),
         ).fetchone()
         if row is None:
+            previous = self.last_heartbeat()
+            if previous is not None and previous.get("slot") == self.slot and not self.options.new_slot:
+                raise SlotLostError(
+                    f"source '{self.source_name}': replication slot {self.slot} no longer exists, but capture "
+                    f"confirmed changes up to {format_lsn(int(previous.get('lsn', 0)))} with it: the changes "
+                    "since are gone. The captured tables must be rehydrated (new snapshot generation); then "
+                    "run capture with --new-slot to start a new slot."
+                )
             try:
                 created = conn.execute(
                     "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot,)
@@ -321,7 +370,8 @@ class PostgresCapture:
             log.info("created replication slot %s at %s", self.slot, created[0])
             from cdc_platform.envelope.lsn import parse_lsn
 
-            return parse_lsn(str(created[0]))
+            self._slot_created_at = parse_lsn(str(created[0]))
+            return self._slot_created_at
         wal_status, confirmed, active_pid, plugin = row
         if wal_status == "lost":
             raise SlotLostError(
@@ -360,7 +410,14 @@ class PostgresCapture:
             if topic not in existing
         ]
         if self.heartbeat_topic not in existing:
-            wanted.append(NewTopic(self.heartbeat_topic, num_partitions=1, replication_factor=kafka.replication_factor))
+            wanted.append(
+                NewTopic(
+                    self.heartbeat_topic,
+                    num_partitions=1,
+                    replication_factor=kafka.replication_factor,
+                    config={"cleanup.policy": "compact"},  # keeps the latest heartbeat per source
+                )
+            )
         if not wanted:
             return
         for topic, future in admin.create_topics(wanted, request_timeout=30).items():
@@ -617,7 +674,8 @@ class PostgresCapture:
     def _heartbeat(self, producer: Producer, confirmed: int) -> None:
         """Debezium-style heartbeat record: consumers of quiet topics still see time pass."""
         key = json.dumps({"serverName": self.codec.server_name}, separators=(",", ":")).encode()
-        value = json.dumps({"ts_ms": int(time.time() * 1000), "lsn": confirmed}, separators=(",", ":")).encode()
+        heartbeat = {"ts_ms": int(time.time() * 1000), "lsn": confirmed, "slot": self.slot}
+        value = json.dumps(heartbeat, separators=(",", ":")).encode()
         with contextlib.suppress(BufferError):  # a full queue: skip this heartbeat
             producer.produce(self.heartbeat_topic, key=key, value=value)
 

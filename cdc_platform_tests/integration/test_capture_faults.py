@@ -1,0 +1,264 @@
+"""Capture under faults: SIGKILL at random instants, dropped connections, and the fatal
+errors that must stop capture with a message naming the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_platform.capture.errors import FatalCaptureError, SlotLostError, classify_postgres_error
+from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
+
+pytestmark = pytest.mark.integration
+
+DDL = [
+    "CREATE TABLE items (id int PRIMARY KEY, body text, qty int NOT NULL DEFAULT 0)",
+    "CREATE TABLE lines (order_id int, line_no int, note text, PRIMARY KEY (order_id, line_no))",
+]
+
+
+@pytest.fixture
+def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
+    yield from make_capture_env(demo_db, tmp_path, DDL, ["items", "lines"])
+
+
+class Workload(threading.Thread):
+    """Steady random inserts, updates, deletes and key updates on both tables."""
+
+    def __init__(self, env: CaptureEnv, seconds: float, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.env, self.seconds, self.rng = env, seconds, random.Random(seed)
+        self.transactions = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with self.env.app(autocommit=False) as app:
+                next_id = 1
+                deadline = time.monotonic() + self.seconds
+                while time.monotonic() < deadline:
+                    for _ in range(self.rng.randint(1, 4)):  # multi-statement transactions
+                        roll = self.rng.random()
+                        target = self.rng.randint(1, max(next_id, 2))
+                        if roll < 0.45:
+                            app.execute("INSERT INTO items (id, body) VALUES (%s, md5(random()::text))", (next_id,))
+                            app.execute("INSERT INTO lines VALUES (%s, 1, 'n')", (next_id,))
+                            next_id += 1
+                        elif roll < 0.75:
+                            app.execute("UPDATE items SET qty = qty + 1 WHERE id = %s", (target,))
+                        elif roll < 0.85:
+                            app.execute(
+                                "UPDATE lines SET line_no = line_no + 1 WHERE order_id = %s", (target,)
+                            )  # key update
+                        else:
+                            app.execute("DELETE FROM items WHERE id = %s", (target,))
+                    app.commit()
+                    self.transactions += 1
+                    time.sleep(0.004)
+        except BaseException as exc:
+            self.error = exc
+
+
+def _capture_process(env: CaptureEnv, *extra: str) -> subprocess.Popen[bytes]:
+    cli = Path(sys.executable).parent / "cdc-platform"
+    return subprocess.Popen(
+        [str(cli), "capture", "run", "--config", str(env.config_path), "--source", "cap", *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=open(env.config_path.parent / "capture.log", "ab"),  # noqa: SIM115 - closed with the process
+        env={**os.environ},
+    )
+
+
+def _truth(env: CaptureEnv, slot: str) -> set[int]:
+    """LSNs of every committed change to the tables, from an independent test_decoding slot."""
+    with env.admin() as admin:
+        rows = admin.execute(
+            "SELECT lsn::text, data FROM pg_logical_slot_peek_changes(%s, NULL, NULL)", (slot,)
+        ).fetchall()
+    from cdc_platform.envelope.lsn import parse_lsn
+
+    prefixes = tuple(f"table {env.schema}.{t}:" for t in env.tables)
+    return {parse_lsn(str(lsn)) for lsn, data in rows if str(data).startswith(prefixes)}
+
+
+def test_sigkill_at_random_instants_loses_nothing(env: CaptureEnv) -> None:
+    env.run_until_caught_up()  # slot, publication and topics exist before the workload starts
+    truth_slot = f"truth_{uuid.uuid4().hex[:8]}"
+    with env.admin() as admin:
+        admin.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", (truth_slot,))
+    try:
+        rng = random.Random(2024)
+        workload = Workload(env, seconds=14, seed=7)
+        workload.start()
+        kills = 0
+        while workload.is_alive():
+            proc = _capture_process(env)
+            time.sleep(rng.uniform(1.5, 3.5))
+            if proc.poll() is not None:
+                pytest.fail(f"capture exited early ({proc.returncode}); see {env.config_path.parent / 'capture.log'}")
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            kills += 1
+        workload.join()
+        assert workload.error is None, workload.error
+        assert kills >= 3 and workload.transactions > 300
+        # then run to the end of the log
+        final = _capture_process(env, "--until-caught-up")
+        assert final.wait(timeout=180) == 0, (env.config_path.parent / "capture.log").read_text()[-3000:]
+
+        truth = _truth(env, truth_slot)
+        messages = env.consume()
+        published = {m.lsn for m in messages if m.value is not None and m.envelope["op"] != "t"}
+        assert truth, "the ground truth saw no changes: the check would be vacuous"
+        missing = sorted(truth - published)
+        assert not missing, f"{len(missing)} committed changes never reached Kafka, e.g. {missing[:5]}"
+        assert not published - truth, "Kafka holds changes the database never committed"
+
+        # duplicates (re-sent after a kill) are allowed, but each partition's first
+        # occurrences are in source order
+        by_partition: dict[tuple[str, int], list[Any]] = {}
+        for m in sorted(messages, key=lambda m: (m.topic, m.partition, m.offset)):
+            if m.value is not None:
+                by_partition.setdefault((m.topic, m.partition), []).append(m)
+        duplicates = 0
+        for records in by_partition.values():
+            seen: set[tuple[int, str, bytes | None]] = set()
+            firsts = []
+            for m in records:
+                ident = (m.lsn, m.envelope["op"], m.key)
+                if ident in seen:
+                    duplicates += 1
+                    continue
+                seen.add(ident)
+                firsts.append(m.order[:2])
+            assert firsts == sorted(firsts)
+        print(f"kills={kills} transactions={workload.transactions} changes={len(truth)} duplicates={duplicates}")
+    finally:
+        with env.admin() as admin:
+            admin.execute("SELECT pg_drop_replication_slot(%s)", (truth_slot,))
+
+
+def test_reconnects_when_the_connection_is_killed(env: CaptureEnv) -> None:
+    capture = env.capture(status_interval_s=1)
+    worker = threading.Thread(target=capture.run, daemon=True)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not _active_pid(env):
+            time.sleep(0.2)
+        with env.app() as app:
+            app.execute("INSERT INTO items (id) SELECT g FROM generate_series(1, 100) g")
+            with env.admin() as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (_active_pid(env),))
+            app.execute("INSERT INTO items (id) SELECT g FROM generate_series(101, 200) g")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and capture.stats.events["c"] < 200:
+            time.sleep(0.3)
+    finally:
+        capture.stop()
+        worker.join(timeout=30)
+    assert capture.stats.reconnects >= 1
+    ids = {json.loads(m.key or b"")["id"] for m in env.consume(["items"]) if m.value}
+    assert ids == set(range(1, 201))
+
+
+def _active_pid(env: CaptureEnv) -> int | None:
+    with env.admin() as admin:
+        row = admin.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (env.slot,)).fetchone()
+    return int(row[0]) if row and row[0] else None
+
+
+# -- fatal errors ------------------------------------------------------------------------------
+
+
+def test_bad_credentials(env: CaptureEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDC_PG_PASSWORD", "not-the-password-42")
+    with pytest.raises(FatalCaptureError) as info:
+        env.run_until_caught_up()
+    assert "bad credentials for user cdc_capture" in str(info.value)
+    assert "password_env" in str(info.value)
+    assert "not-the-password-42" not in str(info.value)
+
+
+def test_missing_table(env: CaptureEnv) -> None:
+    text = env.config_path.read_text().replace(f"cap.{env.schema}.lines", f"cap.{env.schema}.linez")
+    env.config_path.write_text(text)
+    with pytest.raises(FatalCaptureError, match=rf'table {env.schema}.linez does not exist in database "shop"'):
+        env.run_until_caught_up()
+
+
+def test_missing_publication_privileges(env: CaptureEnv) -> None:
+    other = f"pub_missing_{uuid.uuid4().hex[:6]}"
+    env.config_path.write_text(env.config_path.read_text().replace(env.publication, other))
+    with pytest.raises(FatalCaptureError) as info:
+        env.run_until_caught_up()
+    message = str(info.value)
+    assert f"role cdc_capture may not create or change publication {other}" in message
+    assert f'as the tables\' owner run: CREATE PUBLICATION "{other}" FOR TABLE' in message
+
+
+def test_invalidated_slot_stops_with_source_position_lost(env: CaptureEnv) -> None:
+    env.run_until_caught_up()  # the slot exists and is idle
+    with env.admin() as admin:
+        admin.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        admin.execute("SELECT pg_reload_conf()")
+        try:
+            with env.app() as app:
+                app.execute("CREATE TABLE wal_filler (pad text)")
+                for _ in range(4):  # move several WAL segments past the slot
+                    app.execute("INSERT INTO wal_filler SELECT repeat('x', 100) FROM generate_series(1, 100)")
+                    admin.execute("SELECT pg_switch_wal()")
+            admin.execute("CHECKPOINT")
+            status = admin.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (env.slot,))
+            assert status.fetchone() == ("lost",)
+        finally:
+            admin.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+            admin.execute("SELECT pg_reload_conf()")
+    with pytest.raises(SlotLostError) as info:
+        env.run_until_caught_up()
+    assert info.value.reason == "source_position_lost"
+    assert "wal_status=lost" in str(info.value) and "rehydrated" in str(info.value)
+
+
+def test_dropped_slot_is_not_silently_recreated(env: CaptureEnv) -> None:
+    env.run_until_caught_up()
+    with env.admin() as admin:
+        admin.execute("SELECT pg_drop_replication_slot(%s)", (env.slot,))
+    with pytest.raises(SlotLostError, match="no longer exists, but capture confirmed changes"):
+        env.run_until_caught_up()
+    # after rehydrating, the operator starts a new slot explicitly
+    env.capture(until_caught_up=True, give_up_after_s=60, new_slot=True).run()
+    env.run_until_caught_up()  # and from then on it is the slot of record
+
+
+@pytest.mark.parametrize(
+    ("libpq_message", "expected", "fatal"),
+    [
+        ('FATAL:  password authentication failed for user "cdc_capture"', "bad credentials", True),
+        (
+            "FATAL:  must be superuser or replication role to start walsender",
+            "ALTER ROLE cdc_capture REPLICATION",
+            True,
+        ),
+        ('FATAL:  database "shopp" does not exist', "fix sources.cap.database", True),
+        ('ERROR:  replication slot "s" is active for PID 123', "run only one capture per source", True),
+        ("server closed the connection unexpectedly", "server closed the connection", False),
+        ('connection to server at "127.0.0.1", port 5434 failed: Connection refused', "Connection refused", False),
+    ],
+)
+def test_postgres_errors_are_classified(libpq_message: str, expected: str, fatal: bool) -> None:
+    error = classify_postgres_error(Exception(libpq_message), source="cap", user="cdc_capture", slot="s")
+    assert expected in str(error)
+    assert error.retriable is not fatal
