@@ -76,7 +76,7 @@ def _capture_process(env: CaptureEnv, *extra: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [str(cli), "capture", "run", "--config", str(env.config_path), "--source", "cap", *extra],
         stdout=subprocess.DEVNULL,
-        stderr=open(env.config_path.parent / "capture.log", "ab"),  # noqa: SIM115 - closed with the process
+        stderr=open(env.config_path.parent / "capture.log", "ab"),
         env={**os.environ},
     )
 
