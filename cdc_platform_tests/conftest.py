@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc_platform.devstack import PROFILES, StackProfile, stack_down, stack_up
+from cdc_platform.devstack import PROFILES, StackProfile, stack_down, stack_status, stack_up
 from cdc_platform.devstack.stack import load_stack_env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -20,9 +20,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def stack() -> Iterator[StackProfile]:
     profile = PROFILES["test"]
+    already_up = {name for name, state in stack_status(profile).items() if state.startswith("up")}
     try:
         started = stack_up(profile)
     except Exception as exc:  # surface the stack's own message (it names the log file)
+        if not already_up:
+            stack_down(profile)  # stop what this session started, even half-way
         pytest.fail(f"the test stack could not start: {exc}", pytrace=False)
     load_stack_env(profile)
     yield profile

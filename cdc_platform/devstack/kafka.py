@@ -11,7 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
-from cdc_platform.devstack.procs import port_open, recorded_process, terminate, write_pid
+from cdc_platform.devstack.procs import is_alive, port_open, read_pid, recorded_process, terminate, write_pid
 from cdc_platform.devstack.profiles import StackProfile, state_root
 
 LOG4J2_PROPERTIES = """\
@@ -169,8 +169,11 @@ class LocalKafka:
         deadline = time.monotonic() + timeout_s
         bootstrap = self.profile.kafka_bootstrap
         last = "no answer"
+        pid = read_pid(self.pid_file)
         while time.monotonic() < deadline:
-            if self.running_pid() is None:
+            # liveness by pid only: right after the fork the child may not have exec'd
+            # java yet, so its command line does not show our marker
+            if pid is None or not is_alive(pid):
                 raise KafkaError(f"Kafka exited during startup on {bootstrap}; see {self.log}")
             if port_open("127.0.0.1", self.profile.kafka_port):
                 try:
