@@ -112,6 +112,10 @@ class PgOutputError(ValueError):
     pass
 
 
+_INT16 = struct.Struct("!h")
+_INT32 = struct.Struct("!i")
+
+
 class _Reader:
     def __init__(self, data: bytes) -> None:
         self.data = data
@@ -152,17 +156,33 @@ class _Reader:
         return PG_EPOCH + timedelta(microseconds=self.int64())
 
     def tuple_data(self) -> tuple[TupleValue, ...]:
-        values: list[TupleValue] = []
-        for _ in range(self.int16()):
-            kind = chr(self.int8())
-            if kind == "n":
-                values.append(None)
-            elif kind == "u":
-                values.append(UNCHANGED_TOAST)
-            elif kind == "t":
-                values.append(self.take(self.int32()).decode())
-            else:
-                raise PgOutputError(f"unknown tuple column kind {kind!r} (binary mode is not requested)")
+        # the hot path of capture: one tight loop over the bytes, no per-field method calls
+        data, pos = self.data, self.pos
+        try:
+            (count,) = _INT16.unpack_from(data, pos)
+            pos += 2
+            values: list[TupleValue] = []
+            append = values.append
+            for _ in range(count):
+                kind = data[pos]
+                pos += 1
+                if kind == 116:  # 't': text
+                    (length,) = _INT32.unpack_from(data, pos)
+                    pos += 4
+                    end = pos + length
+                    if end > len(data):
+                        raise PgOutputError(f"message truncated at byte {pos} (wanted {length} more of {len(data)})")
+                    append(data[pos:end].decode())
+                    pos = end
+                elif kind == 110:  # 'n': null
+                    append(None)
+                elif kind == 117:  # 'u': unchanged TOAST
+                    append(UNCHANGED_TOAST)
+                else:
+                    raise PgOutputError(f"unknown tuple column kind {chr(kind)!r} (binary mode is not requested)")
+        except (struct.error, IndexError):
+            raise PgOutputError(f"message truncated at byte {pos} of {len(data)}") from None
+        self.pos = pos
         return tuple(values)
 
 
