@@ -32,13 +32,16 @@ stop() {  # stop NAME MARKER: the whole process group we started (dagster dev ha
 
 case "${1:-}" in
   --status)
-    for n in workload:"demo load" dagster:"dagster dev"; do
+    for n in workload:"demo load" capture-shop:"capture run --source shop" \
+             capture-bench:"capture run --source bench" dagster:"dagster dev"; do
       pid="$(alive "${n%%:*}" "${n#*:}" || true)"
       if [[ -n "$pid" ]]; then echo "${n%%:*}: up (pid $pid)"; else echo "${n%%:*}: down"; fi
     done
     exit 0 ;;
   --stop)
-    stop dagster "dagster dev"; stop workload "demo load"; exit 0 ;;
+    stop dagster "dagster dev"; stop workload "demo load"
+    stop capture-shop "capture run --source shop"; stop capture-bench "capture run --source bench"
+    exit 0 ;;
 esac
 
 "$V/cdc-platform" dev up --profile dev
@@ -54,6 +57,17 @@ else
 fi
 
 "$V/cdc-platform" config check
+# Capture: one long-running process per source (like a Kafka Connect worker).
+for source in shop bench; do
+  if [[ -z "$(alive "capture-$source" "capture run --source $source" || true)" ]]; then
+    setsid "$V/cdc-platform" capture run --source "$source" --status-file "$P/capture-$source.json" \
+      >> "$LOGS/capture-$source.log" 2>&1 &
+    echo $! > "$PIDS/capture-$source.pid"
+    echo "capture $source: started (log $LOGS/capture-$source.log)"
+  else
+    echo "capture $source: already running"
+  fi
+done
 # Observe every source table once now, so the UI has data before the first schedule tick.
 "$V/dagster" job execute -m cdc_platform.definitions -j observe_sources >> "$LOGS/dagster-jobs.log" 2>&1 \
   || { echo "observe_sources failed; see $LOGS/dagster-jobs.log" >&2; exit 1; }
@@ -73,6 +87,6 @@ if [[ "${CDC_DEMO_DETACH:-0}" == "1" ]]; then
   done
   echo "Dagster UI did not answer on 127.0.0.1:$UI_PORT within 120 s; see $LOGS/dagster.log" >&2; exit 1
 fi
-trap 'stop workload "demo load"' EXIT
-echo "Dagster UI: http://127.0.0.1:$UI_PORT  (Ctrl-C stops the UI and the workload; 'make down' stops the stack)"
+trap 'stop workload "demo load"; stop capture-shop "capture run --source shop"; stop capture-bench "capture run --source bench"' EXIT
+echo "Dagster UI: http://127.0.0.1:$UI_PORT  (Ctrl-C stops the UI, the workload and capture; 'make down' stops the stack)"
 "$V/dagster" dev -h 127.0.0.1 -p "$UI_PORT" -w workspace.yaml

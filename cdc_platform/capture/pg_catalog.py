@@ -154,3 +154,22 @@ def describe_connection_error(source: str, exc: psycopg.OperationalError) -> str
     if "does not exist" in text and "database" in text:
         return f"source '{source}': {text}; fix sources.{source}.database in the config"
     return f"source '{source}': cannot connect ({text}); is the database up and reachable?"
+
+
+def slot_position(conn: psycopg.Connection[tuple[object, ...]], slot: str) -> dict[str, object] | None:
+    """A replication slot as PostgreSQL sees it; None if it does not exist."""
+    row = conn.execute(
+        """SELECT confirmed_flush_lsn::text, wal_status, active,
+                  pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
+           FROM pg_replication_slots WHERE slot_name = %s""",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        return None
+    confirmed, wal_status, active, lag_bytes = row
+    return {
+        "confirmed_flush_lsn": str(confirmed),
+        "wal_status": str(wal_status),
+        "active": bool(active),
+        "lag_bytes": int(str(lag_bytes or 0)),
+    }

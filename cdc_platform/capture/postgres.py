@@ -607,7 +607,7 @@ class PostgresCapture:
                     reported, last_feedback = confirmed, now
                 self.stats.confirmed_lsn = confirmed
                 if now - last_heartbeat >= self.source.heartbeat_interval_s:
-                    self._heartbeat(producer, confirmed)
+                    self._heartbeat(producer, confirmed, self._lag_seconds(tracker.idle and txn is None))
                     last_heartbeat = now
                 if now - last_status >= self.options.status_interval_s:
                     self._report(confirmed)
@@ -671,13 +671,26 @@ class PostgresCapture:
             return codec.change_records(shape, "u", message.new, message.old, message.old_kind == "O", position, now_us)
         return codec.change_records(shape, "d", None, message.old, message.old_kind == "O", position, now_us)
 
-    def _heartbeat(self, producer: Producer, confirmed: int) -> None:
-        """Debezium-style heartbeat record: consumers of quiet topics still see time pass."""
+    def _heartbeat(self, producer: Producer, confirmed: int, lag_s: float = 0.0) -> None:
+        """Debezium-style heartbeat record: consumers of quiet topics still see time pass,
+        and ``capture status`` reads position and lag from the latest one."""
         key = json.dumps({"serverName": self.codec.server_name}, separators=(",", ":")).encode()
-        heartbeat = {"ts_ms": int(time.time() * 1000), "lsn": confirmed, "slot": self.slot}
+        heartbeat = {
+            "ts_ms": int(time.time() * 1000),
+            "lsn": confirmed,
+            "slot": self.slot,
+            "lag_seconds": round(lag_s, 3),
+        }
         value = json.dumps(heartbeat, separators=(",", ":")).encode()
         with contextlib.suppress(BufferError):  # a full queue: skip this heartbeat
             producer.produce(self.heartbeat_topic, key=key, value=value)
+
+    def _lag_seconds(self, idle: bool) -> float:
+        """0 when every received change is acknowledged, else the age of the newest
+        commit received (how far behind the source Kafka is, at least)."""
+        if idle or self.stats.last_commit_time is None:
+            return 0.0
+        return max(0.0, (datetime.now(UTC) - self.stats.last_commit_time).total_seconds())
 
     def _report(self, confirmed: int) -> None:
         lag_s = 0.0
@@ -719,10 +732,18 @@ def slot_status(config: PlatformConfig, source_name: str) -> dict[str, Any]:
                FROM pg_replication_slots WHERE slot_name = %s""",
             (slot,),
         ).fetchone()
+    heartbeat = PostgresCapture(config, source_name).last_heartbeat()
+    last = {
+        "last_heartbeat": (
+            datetime.fromtimestamp(int(heartbeat["ts_ms"]) / 1000, UTC).isoformat() if heartbeat else None
+        ),
+        "lag_seconds_at_last_heartbeat": heartbeat.get("lag_seconds") if heartbeat else None,
+    }
     if row is None:
-        return {"slot": slot, "exists": False}
+        return {"slot": slot, "exists": False, **last}
     confirmed, restart, wal_status, active_pid, lag_bytes, current = row
     return {
+        **last,
         "slot": slot,
         "exists": True,
         "confirmed_flush_lsn": confirmed,

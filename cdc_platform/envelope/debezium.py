@@ -24,12 +24,11 @@ Deviations from Debezium, on purpose:
 from __future__ import annotations
 
 import base64
-import json
-
-import orjson
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
+
+import orjson
 
 from cdc_platform.envelope.pgoutput import UNCHANGED_TOAST, TupleValue
 from cdc_platform.envelope.pgtypes import ConversionOptions, PgType, connect_schema, to_json_value

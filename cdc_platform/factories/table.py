@@ -17,6 +17,7 @@ from cdc_platform.capture.pg_catalog import (
     describe_connection_error,
     describe_table,
     resolve_key,
+    slot_position,
 )
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.resources.postgres import PostgresSourcesResource
@@ -67,6 +68,7 @@ def build_table_definitions(config: PlatformConfig, table: TableConfig) -> dg.De
                 key = resolve_key(described, table.primary_key, f"tables[{table.key}].primary_key")
                 exact = described.estimated_rows <= EXACT_COUNT_LIMIT
                 rows = _count_rows(conn, described) if exact else described.estimated_rows
+                slot = slot_position(conn, config.slot_for(table.source))
         except SourceTableError as exc:
             # fatal: retrying cannot help until someone changes the table or the config
             raise dg.Failure(description=str(exc), allow_retries=False) from None
@@ -79,7 +81,7 @@ def build_table_definitions(config: PlatformConfig, table: TableConfig) -> dg.De
         return dg.ObserveResult(
             asset_key=spec.key,
             data_version=dg.DataVersion(f"{described.schema_hash()}:{rows}"),
-            metadata=observation_metadata(described, key, rows, exact),
+            metadata={**observation_metadata(described, key, rows, exact), **slot_metadata(slot)},
         )
 
     return dg.Definitions(assets=[observe_source_table])
@@ -103,6 +105,18 @@ def observation_metadata(described: SourceTable, key: tuple[str, ...], rows: int
         "key_columns": dg.MetadataValue.text(", ".join(key)),
         "replica_identity": dg.MetadataValue.text(described.replica_identity),
         "dagster/column_schema": column_schema(described, key),
+    }
+
+
+def slot_metadata(slot: dict[str, Any] | None) -> dict[str, Any]:
+    """Capture's position for the table's source: WAL retained behind the slot is plotted."""
+    if slot is None:
+        return {"capture_slot": dg.MetadataValue.text("missing (capture has not run, or the slot was lost)")}
+    return {
+        "capture_confirmed_lsn": dg.MetadataValue.text(str(slot["confirmed_flush_lsn"])),
+        "capture_lag_bytes": dg.MetadataValue.int(int(slot["lag_bytes"])),
+        "capture_slot_active": dg.MetadataValue.bool(bool(slot["active"])),
+        "capture_wal_status": dg.MetadataValue.text(str(slot["wal_status"])),
     }
 
 
