@@ -15,6 +15,7 @@ from cdc_platform.config import load_config
 from cdc_platform.definitions import build_definitions
 from cdc_platform.demo.workload import app_connect
 from cdc_platform.devstack import StackProfile
+from cdc_platform.devstack.postgres import LocalPostgres
 from cdc_platform_tests.conftest import REPO_ROOT, write_config
 
 pytestmark = pytest.mark.integration
@@ -76,11 +77,20 @@ def _observe(defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.ExecuteIn
 def test_observation_reports_the_source_table(demo_config_path: Path, tmp_path: Path, capture_password: str) -> None:
     defs = build_definitions(load_config(demo_config_path))
     (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        result = _observe(defs, instance)
-        assert result.success
-        observed = [ev.asset_observation_data.asset_observation for ev in result.get_asset_observation_events()]
-        observations = {o.asset_key.to_user_string(): o for o in observed}
+    pg = LocalPostgres(_profile(demo_config_path))
+    with pg.admin_connect("shop") as admin:  # capture's slot for source 'shop'
+        admin.execute("SELECT pg_create_logical_replication_slot('cdc_shop', 'pgoutput')")
+    try:
+        with app_connect(_profile(demo_config_path)) as conn:
+            conn.execute("UPDATE products SET name = name WHERE id <= 10")  # WAL behind the slot
+        with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+            result = _observe(defs, instance)
+    finally:
+        with pg.admin_connect("shop") as admin:
+            admin.execute("SELECT pg_drop_replication_slot('cdc_shop')")
+    assert result.success
+    observed = [ev.asset_observation_data.asset_observation for ev in result.get_asset_observation_events()]
+    observations = {o.asset_key.to_user_string(): o for o in observed}
     with app_connect(_profile(demo_config_path)) as conn:
         row = conn.execute("SELECT count(*) FROM order_lines").fetchone()
     assert row is not None
@@ -90,6 +100,9 @@ def test_observation_reports_the_source_table(demo_config_path: Path, tmp_path: 
     columns = {c.name: c for c in lines.metadata["dagster/column_schema"].value.columns}
     assert columns["unit_price"].type == "numeric(12,2)"
     assert columns["order_id"].constraints.nullable is False
+    assert lines.metadata["capture_wal_status"].value == "reserved"
+    assert lines.metadata["capture_lag_bytes"].value > 0  # the update above is behind the idle slot
+    assert observations["bench/pgbench_accounts/source"].metadata["capture_slot"].value.startswith("missing")
     audit = observations["shop/audit_events/source"]
     assert audit.metadata["key_columns"].value == "event_id"  # configured: the table has no primary key
     assert audit.metadata["replica_identity"].value == "full"
