@@ -195,33 +195,31 @@ class PostgresCapture:
         self._stop = False
 
     # -- connections ----------------------------------------------------------------------
+    def _conninfo(self) -> str:
+        """libpq connection string (with the password: never log it)."""
+        src = self.source
+        return make_conninfo(
+            "",
+            **src.connect_options,
+            host=src.host,
+            port=src.port,
+            dbname=src.database,
+            user=src.user,
+            password=src.password(self.source_name).get_secret_value(),
+            connect_timeout=10,
+            application_name=f"cdc_platform_capture_{self.source_name}",
+        )
+
     def _sql_connect(self) -> psycopg.Connection[tuple[Any, ...]]:
         try:
-            return psycopg.connect(
-                make_conninfo("", **self.source.connect_options),
-                host=self.source.host,
-                port=self.source.port,
-                dbname=self.source.database,
-                user=self.source.user,
-                password=self.source.password(self.source_name).get_secret_value(),
-                autocommit=True,
-                connect_timeout=10,
-                application_name=f"cdc_platform_capture_{self.source_name}",
-            )
+            return psycopg.connect(self._conninfo(), autocommit=True)
         except psycopg.OperationalError as exc:
             raise classify_postgres_error(exc, source=self.source_name, user=self.source.user, slot=self.slot) from None
 
     def _replication_connect(self) -> Any:
         try:
             return psycopg2.connect(
-                make_conninfo("", **self.source.connect_options),
-                host=self.source.host,
-                port=self.source.port,
-                dbname=self.source.database,
-                user=self.source.user,
-                password=self.source.password(self.source_name).get_secret_value(),
-                connect_timeout=10,
-                application_name=f"cdc_platform_capture_{self.source_name}",
+                self._conninfo(),
                 options=SESSION_OPTIONS,
                 connection_factory=psycopg2.extras.LogicalReplicationConnection,
             )
@@ -714,17 +712,9 @@ class PostgresCapture:
 
 def slot_status(config: PlatformConfig, source_name: str) -> dict[str, Any]:
     """The slot as PostgreSQL sees it: position, WAL retained behind it (lag bytes), state."""
-    source = config.sources[source_name]
-    slot = config.slot_for(source_name)
-    with psycopg.connect(
-        host=source.host,
-        port=source.port,
-        dbname=source.database,
-        user=source.user,
-        password=source.password(source_name).get_secret_value(),
-        autocommit=True,
-        connect_timeout=10,
-    ) as conn:
+    capture = PostgresCapture(config, source_name)
+    slot = capture.slot
+    with capture._sql_connect() as conn:
         row = conn.execute(
             """SELECT confirmed_flush_lsn::text, restart_lsn::text, wal_status, active_pid,
                       pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
@@ -732,7 +722,7 @@ def slot_status(config: PlatformConfig, source_name: str) -> dict[str, Any]:
                FROM pg_replication_slots WHERE slot_name = %s""",
             (slot,),
         ).fetchone()
-    heartbeat = PostgresCapture(config, source_name).last_heartbeat()
+    heartbeat = capture.last_heartbeat()
     last = {
         "last_heartbeat": (
             datetime.fromtimestamp(int(heartbeat["ts_ms"]) / 1000, UTC).isoformat() if heartbeat else None
