@@ -7,10 +7,12 @@ the code location load with the same message ``cdc-platform config check`` print
 from __future__ import annotations
 
 import dagster as dg
+from dagster_pyspark import PySparkResource
 
 from cdc_platform.config import PlatformConfig, load_config
 from cdc_platform.factories.table import build_table_definitions, source_asset_key
 from cdc_platform.resources import PostgresSourcesResource
+from cdc_platform.spark.session import session_conf
 
 
 def build_definitions(config: PlatformConfig) -> dg.Definitions:
@@ -30,7 +32,11 @@ def build_definitions(config: PlatformConfig) -> dg.Definitions:
                 default_status=dg.DefaultScheduleStatus.RUNNING,
             )
         ],
-        resources={"postgres": PostgresSourcesResource.from_config(config)},
+        resources={
+            "postgres": PostgresSourcesResource.from_config(config),
+            # the session's conf (master, Delta jars, loopback binding) comes from the config
+            "pyspark": PySparkResource(spark_config=session_conf(config.spark)),
+        },
     )
     return dg.Definitions.merge(*per_table, platform)
 

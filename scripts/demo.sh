@@ -72,6 +72,9 @@ done
 "$V/dagster" job execute -m cdc_platform.definitions -j observe_sources >> "$LOGS/dagster-jobs.log" 2>&1 \
   || { echo "observe_sources failed; see $LOGS/dagster-jobs.log" >&2; exit 1; }
 echo "observed every source table (job observe_sources)"
+# The first snapshot generation of every table that has none (Spark JDBC into Delta).
+"$V/cdc-platform" snapshot --all --if-missing --reason bootstrap 2>> "$LOGS/snapshot.log" \
+  || { echo "snapshot failed; see $LOGS/snapshot.log and the run in the Dagster UI" >&2; exit 1; }
 
 if [[ -n "$(alive dagster "dagster dev" || true)" ]]; then
   echo "Dagster UI already running on http://127.0.0.1:$UI_PORT"; exit 0

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import psycopg
+
+from cdc_platform.envelope.pgtypes import PgType, builtin_type
 
 
 class SourceTableError(RuntimeError):
@@ -24,6 +28,8 @@ class SourceColumn:
     nullable: bool
     has_default: bool
     ordinal: int
+    type_oid: int = 0
+    type_modifier: int = -1
 
 
 @dataclass(frozen=True)
@@ -77,9 +83,12 @@ def describe_table(conn: psycopg.Connection[tuple[object, ...]], schema: str, ta
             nullable=not bool(notnull),
             has_default=bool(has_default),
             ordinal=int(str(ordinal)),
+            type_oid=int(str(type_oid)),
+            type_modifier=int(str(typmod)),
         )
-        for name, type_name, notnull, has_default, ordinal in conn.execute(
-            """SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.atthasdef, a.attnum
+        for name, type_name, notnull, has_default, ordinal, type_oid, typmod in conn.execute(
+            """SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.atthasdef, a.attnum,
+                      a.atttypid, a.atttypmod
                FROM pg_attribute a
                WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
                ORDER BY a.attnum""",
@@ -173,3 +182,40 @@ def slot_position(conn: psycopg.Connection[tuple[object, ...]], slot: str) -> di
         "active": bool(active),
         "lag_bytes": int(str(lag_bytes or 0)),
     }
+
+
+def resolve_pg_types(
+    conn: psycopg.Connection[tuple[Any, ...]], oids: Iterable[int], known: dict[int, PgType] | None = None
+) -> dict[int, PgType]:
+    """PgType for each oid: built-ins from the table in pgtypes, the rest (enums, domains,
+    arrays of them) from pg_type. ``known`` is a cache, updated in place."""
+    types = known if known is not None else {}
+    wanted = set(oids)
+    unknown = sorted(o for o in wanted if o not in types and builtin_type(o) is None)
+    for oid in wanted:
+        builtin = builtin_type(oid)
+        if builtin is not None:
+            types[oid] = builtin
+    if not unknown:
+        return types
+    rows = conn.execute(
+        """SELECT t.oid, t.typname, t.typtype, t.typelem, t.typbasetype, t.typcategory,
+                  coalesce(array_agg(e.enumlabel ORDER BY e.enumsortorder)
+                           FILTER (WHERE e.enumlabel IS NOT NULL), '{}')
+           FROM pg_type t LEFT JOIN pg_enum e ON e.enumtypid = t.oid
+           WHERE t.oid = ANY(%s) GROUP BY t.oid""",
+        (unknown,),
+    ).fetchall()
+    for raw_oid, name, typtype, typelem, basetype, category, labels in rows:
+        oid = int(raw_oid)
+        if typtype == "e":
+            types[oid] = PgType(oid, str(name), "enum", enum_values=tuple(labels))
+        elif typtype == "d":  # a domain behaves as its base type
+            base = resolve_pg_types(conn, [int(basetype)], types)[int(basetype)]
+            types[oid] = PgType(oid, str(name), base.kind, base.element, base.enum_values)
+        elif category == "A" and int(typelem):
+            element = resolve_pg_types(conn, [int(typelem)], types)[int(typelem)]
+            types[oid] = PgType(oid, str(name), "array", element=element)
+        else:
+            types[oid] = PgType(oid, str(name), "text")
+    return types

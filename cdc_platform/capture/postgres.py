@@ -37,12 +37,12 @@ from cdc_platform.capture.errors import (
     SlotLostError,
     classify_postgres_error,
 )
-from cdc_platform.capture.pg_catalog import SourceTableError, describe_table, resolve_key
+from cdc_platform.capture.pg_catalog import SourceTableError, describe_table, resolve_key, resolve_pg_types
 from cdc_platform.config import PlatformConfig, PostgresSource, TableConfig
 from cdc_platform.envelope import pgoutput
 from cdc_platform.envelope.debezium import ColumnSpec, EnvelopeCodec, Record, SourcePosition, TableShape
 from cdc_platform.envelope.lsn import format_lsn
-from cdc_platform.envelope.pgtypes import ConversionOptions, PgType, builtin_type
+from cdc_platform.envelope.pgtypes import ConversionOptions, PgType
 
 log = logging.getLogger("cdc_platform.capture")
 
@@ -434,34 +434,10 @@ class PostgresCapture:
 
     # -- types ------------------------------------------------------------------------------
     def _resolve_types(self, oids: Iterable[int]) -> None:
-        unknown = sorted({o for o in oids if o not in self._types and builtin_type(o) is None})
-        for oid in oids:
-            t = builtin_type(oid)
-            if t is not None:
-                self._types[oid] = t
-        if not unknown:
+        if all(o in self._types for o in oids):
             return
         with self._sql_connect() as conn:
-            rows = conn.execute(
-                """SELECT t.oid, t.typname, t.typtype, t.typelem, t.typbasetype, t.typcategory,
-                          coalesce(array_agg(e.enumlabel ORDER BY e.enumsortorder)
-                                   FILTER (WHERE e.enumlabel IS NOT NULL), '{}')
-                   FROM pg_type t LEFT JOIN pg_enum e ON e.enumtypid = t.oid
-                   WHERE t.oid = ANY(%s) GROUP BY t.oid""",
-                (unknown,),
-            ).fetchall()
-        for oid, name, typtype, typelem, basetype, category, labels in rows:
-            if typtype == "e":
-                self._types[int(oid)] = PgType(int(oid), str(name), "enum", enum_values=tuple(labels))
-            elif typtype == "d":  # a domain behaves as its base type
-                self._resolve_types([int(basetype)])
-                base = self._types[int(basetype)]
-                self._types[int(oid)] = PgType(int(oid), str(name), base.kind, base.element, base.enum_values)
-            elif category == "A" and int(typelem):
-                self._resolve_types([int(typelem)])
-                self._types[int(oid)] = PgType(int(oid), str(name), "array", element=self._types[int(typelem)])
-            else:
-                self._types[int(oid)] = PgType(int(oid), str(name), "text")
+            resolve_pg_types(conn, oids, self._types)
 
     def _shape(self, relation: pgoutput.Relation) -> TableShape | None:
         ident = (relation.namespace, relation.name)

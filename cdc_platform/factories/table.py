@@ -5,10 +5,12 @@ UI shows one group per source table. Today a table contributes the observed sour
 table; the snapshot, changelog and current-state assets join this group as they land.
 """
 
+from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
 import psycopg
+from dagster_pyspark import PySparkResource
 from psycopg import sql
 
 from cdc_platform.capture.pg_catalog import (
@@ -19,8 +21,10 @@ from cdc_platform.capture.pg_catalog import (
     resolve_key,
     slot_position,
 )
-from cdc_platform.config import PlatformConfig, TableConfig
+from cdc_platform.config import MissingSecretError, PlatformConfig, TableConfig
+from cdc_platform.envelope.lsn import format_lsn
 from cdc_platform.resources.postgres import PostgresSourcesResource
+from cdc_platform.spark.snapshot import SnapshotError, SnapshotResult, table_root, take_snapshot
 
 # Tables estimated above this are not count(*)-ed on every observation.
 EXACT_COUNT_LIMIT = 5_000_000
@@ -84,7 +88,72 @@ def build_table_definitions(config: PlatformConfig, table: TableConfig) -> dg.De
             metadata={**observation_metadata(described, key, rows, exact), **slot_metadata(slot)},
         )
 
-    return dg.Definitions(assets=[observe_source_table])
+    snapshot = build_snapshot_asset(config, table)
+    return dg.Definitions(assets=[observe_source_table, snapshot])
+
+
+def snapshot_asset_key(table: TableConfig) -> dg.AssetKey:
+    return dg.AssetKey([table.source, table.dagster_name, "snapshot"])
+
+
+def generations_partitions(table: TableConfig) -> dg.DynamicPartitionsDefinition:
+    """One partition per snapshot generation (the first bootstrap, then each rehydration)."""
+    return dg.DynamicPartitionsDefinition(name=f"{group_name(table)}_generations")
+
+
+def new_generation_key() -> str:
+    """Generation keys sort by time: the latest generation is the greatest key."""
+    return datetime.now(UTC).strftime("g%Y%m%dT%H%M%SZ")
+
+
+def build_snapshot_asset(config: PlatformConfig, table: TableConfig) -> dg.AssetsDefinition:
+    @dg.asset(
+        key=snapshot_asset_key(table),
+        group_name=group_name(table),
+        kinds={"spark", "delta", "postgres"},
+        partitions_def=generations_partitions(table),
+        deps=[source_asset_key(table)],
+        description=(
+            f"Snapshot generations of {table.key}: a consistent parallel read (Spark JDBC, one exported "
+            "MVCC snapshot for every partition) into Delta, with the watermark (source LSN and Kafka end "
+            "offsets) taken just before. One partition per generation."
+        ),
+        metadata={"lake_path": f"{table_root(config, table)}/snapshot/<generation>"},
+        tags={"cdc/source": table.source},
+    )
+    def snapshot(context: dg.AssetExecutionContext, pyspark: PySparkResource) -> dg.MaterializeResult[None]:
+        generation = context.partition_key
+        try:
+            result = take_snapshot(pyspark.spark_session, config, table, generation, log_progress=context.log.info)
+        except (SourceTableError, MissingSecretError, SnapshotError) as exc:
+            raise dg.Failure(description=str(exc), allow_retries=False) from None
+        except psycopg.OperationalError as exc:
+            raise dg.Failure(description=describe_connection_error(table.source, exc)) from None
+        return dg.MaterializeResult(metadata=snapshot_metadata(result))
+
+    return snapshot
+
+
+def snapshot_metadata(result: SnapshotResult) -> dict[str, Any]:
+    return {
+        "dagster/row_count": dg.MetadataValue.int(result.rows),
+        "rows": dg.MetadataValue.int(result.rows),
+        "source_rows": dg.MetadataValue.int(result.source_rows),
+        "bytes": dg.MetadataValue.int(result.bytes),
+        "duration_s": dg.MetadataValue.float(result.duration_s),
+        "spark_partitions": dg.MetadataValue.int(result.spark_partitions),
+        "watermark_lsn": dg.MetadataValue.text(format_lsn(result.watermark.lsn)),
+        "watermark_lsn_int": dg.MetadataValue.int(result.watermark.lsn),
+        "watermark_kafka_end_offsets": dg.MetadataValue.json(
+            {str(p): o for p, o in result.watermark.kafka_end_offsets.items()}
+        ),
+        "schema_hash": dg.MetadataValue.text(result.schema_hash),
+        "key_columns": dg.MetadataValue.text(", ".join(result.key_columns)),
+        "path": dg.MetadataValue.path(result.path),
+        "dagster/column_schema": dg.TableSchema(
+            columns=[dg.TableColumn(name=name, type=lake_type) for name, lake_type in result.columns]
+        ),
+    }
 
 
 def _count_rows(conn: Any, described: SourceTable) -> int:

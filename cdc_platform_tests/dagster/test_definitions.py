@@ -171,3 +171,35 @@ def test_bad_credentials_fail_with_the_fix_and_without_the_password(
         description = failure.user_failure_data.description or ""
         assert "bad credentials" in description and "password_env" in description
         assert "wrong-password-xyz" not in description
+
+
+def test_snapshot_generation_materializes_with_watermark_and_reason(
+    demo_config_path: Path, tmp_path: Path, capture_password: str
+) -> None:
+    from cdc_platform.orchestration import start_generations
+
+    config = load_config(demo_config_path)
+    table = config.table("shop.public.order_lines")
+    (tmp_path / "dagster").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        [run] = start_generations(config, [table], reason="manual", instance=instance)
+        assert run.success
+        # a second call with if_missing does nothing: the table has a generation
+        assert start_generations(config, [table], reason="bootstrap", if_missing=True, instance=instance) == []
+        record = instance.get_latest_materialization_event(dg.AssetKey(["shop", "order_lines", "snapshot"]))
+        assert record is not None and record.asset_materialization is not None
+        metadata = record.asset_materialization.metadata
+        dagster_run = instance.get_run_by_id(run.run_id)
+        assert dagster_run is not None and dagster_run.tags["cdc/reason"] == "manual"
+        assert record.asset_materialization.partition == run.generation
+    with app_connect(_profile(demo_config_path)) as conn:
+        row = conn.execute("SELECT count(*) FROM order_lines").fetchone()
+    assert row is not None
+    assert metadata["rows"].value == metadata["source_rows"].value == run.rows
+    assert metadata["rows"].value == row[0]  # nothing writes to order_lines during this test
+    assert str(metadata["watermark_lsn"].value).count("/") == 1
+    assert int(str(metadata["bytes"].value)) > 0
+    columns = {c.name: c.type for c in metadata["dagster/column_schema"].value.columns}  # type: ignore[union-attr]
+    assert columns["unit_price"] == "decimal(12,2)" and columns["order_id"] == "bigint"
+    stored = b"".join(p.read_bytes() for p in (tmp_path / "dagster").rglob("*") if p.is_file())
+    assert capture_password.encode() not in stored

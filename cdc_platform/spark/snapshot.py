@@ -1,0 +1,283 @@
+"""A snapshot generation: one consistent, parallel read of a source table into Delta.
+
+Order matters for correctness:
+1. the **watermark** (source LSN, then Kafka end offsets) is taken *before* the snapshot,
+   so every transaction committed after the watermark is either in the snapshot or not,
+   and is in the changelog after the watermark either way — re-applying a full row image
+   that the snapshot already holds changes nothing, missing one would lose it;
+2. a coordinator transaction (REPEATABLE READ) exports its MVCC snapshot, and every
+   Spark JDBC partition joins it (``SET TRANSACTION SNAPSHOT``): all partitions see one
+   consistent state, and the coordinator counts the rows of that same state;
+3. Spark reads the partitions in parallel (ranges of a numeric key, hash buckets
+   otherwise), converts to lake types and writes a Delta table for the generation;
+4. written rows must equal the coordinator's count, or the generation fails.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, cast
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from cdc_platform.capture.pg_catalog import SourceTable, describe_table, resolve_key, resolve_pg_types
+from cdc_platform.config import PlatformConfig, TableConfig
+from cdc_platform.envelope.lsn import format_lsn, parse_lsn
+from cdc_platform.spark.lake_types import SnapshotColumn, quote_ident, snapshot_column
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import ArrayType
+
+log = logging.getLogger("cdc_platform.snapshot")
+
+ROWS_PER_PARTITION = 250_000
+NUMERIC_KINDS = {"int16", "int32", "int64"}
+
+
+class SnapshotError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """Where the source and Kafka stood just before the snapshot was taken."""
+
+    lsn: int
+    kafka_end_offsets: dict[int, int]  # Kafka partition -> end offset (next offset to be written)
+    taken_at: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"lsn": format_lsn(self.lsn), "kafka_end_offsets": self.kafka_end_offsets, "taken_at": self.taken_at}
+
+
+@dataclass
+class SnapshotResult:
+    generation: str
+    path: str
+    rows: int
+    source_rows: int
+    bytes: int
+    watermark: Watermark
+    duration_s: float
+    schema_hash: str
+    spark_partitions: int
+    key_columns: tuple[str, ...]
+    columns: list[tuple[str, str]] = field(default_factory=list)  # (name, lake type)
+
+    def summary(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["watermark"] = self.watermark.as_dict()
+        return out
+
+
+def table_root(config: PlatformConfig, table: TableConfig) -> str:
+    return f"{config.lake.root.rstrip('/')}/{table.source}/{table.dagster_name}"
+
+
+def snapshot_path(config: PlatformConfig, table: TableConfig, generation: str) -> str:
+    return f"{table_root(config, table)}/snapshot/{generation}"
+
+
+def kafka_end_offsets(config: PlatformConfig, topic: str) -> dict[int, int]:
+    """End offset per partition of ``topic`` ({} if the topic does not exist yet)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**config.kafka.client_config(), "group.id": "cdc_platform_watermark"})
+    try:
+        metadata = consumer.list_topics(topic, timeout=15)
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None:
+            return {}
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1] for p in sorted(found.partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def _conninfo(config: PlatformConfig, table: TableConfig) -> str:
+    src = config.sources[table.source]
+    return make_conninfo(
+        "",
+        **src.connect_options,
+        host=src.host,
+        port=src.port,
+        dbname=src.database,
+        user=src.user,
+        password=src.password(table.source).get_secret_value(),
+        application_name="cdc_platform_snapshot",
+    )
+
+
+def plan_predicates(
+    conn: psycopg.Connection[tuple[Any, ...]], described: SourceTable, key: tuple[str, ...], kinds: dict[str, str],
+    source_rows: int, max_partitions: int,
+) -> list[str]:  # fmt: skip
+    """WHERE clauses splitting the table into disjoint parts that cover it."""
+    partitions = max(1, min(max_partitions, -(-source_rows // ROWS_PER_PARTITION)))
+    first = key[0]
+    ident = quote_ident(first)
+    if partitions == 1:
+        return ["TRUE"]
+    if kinds[first] in NUMERIC_KINDS:
+        query = sql.SQL("SELECT min({k}), max({k}) FROM {s}.{t}").format(
+            k=sql.Identifier(first), s=sql.Identifier(described.schema), t=sql.Identifier(described.name)
+        )
+        row = conn.execute(query).fetchone()
+        assert row is not None
+        low, high = int(row[0] or 0), int(row[1] or 0)
+        step = max(1, -(-(high - low + 1) // partitions))
+        bounds = list(range(low, high + 1, step))
+        preds = [f"{ident} >= {b} AND {ident} < {b + step}" for b in bounds]
+        return preds
+    # hash buckets for non-numeric keys (uuid, text, …); the bigint cast avoids abs() overflow
+    return [
+        f"((hashtext({ident}::text)::bigint % {partitions}) + {partitions}) % {partitions} = {i}"
+        for i in range(partitions)
+    ]
+
+
+def take_snapshot(
+    spark: SparkSession,
+    config: PlatformConfig,
+    table: TableConfig,
+    generation: str,
+    log_progress: Callable[[str], None] = log.info,
+) -> SnapshotResult:
+    from pyspark.sql import functions as F
+
+    started = time.monotonic()
+    conninfo = _conninfo(config, table)
+    topic = config.topic_for(table)
+    with psycopg.connect(conninfo, autocommit=True) as coordinator:
+        # 1. watermark first (see the module docstring)
+        row = coordinator.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        watermark = Watermark(parse_lsn(str(row[0])), kafka_end_offsets(config, topic), datetime.now(UTC).isoformat())
+        # 2. one MVCC snapshot for every reader
+        coordinator.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        exported = coordinator.execute("SELECT pg_export_snapshot()").fetchone()
+        assert exported is not None
+        snapshot_id = str(exported[0])
+        described = describe_table(coordinator, table.schema_name, table.table_name)
+        key = resolve_key(described, table.primary_key, f"tables[{table.key}].primary_key")
+        types = resolve_pg_types(coordinator, [c.type_oid for c in described.columns])
+        dims = _declared_dims(coordinator, described)
+        columns = [
+            snapshot_column(c.name, types[c.type_oid], c.type_modifier, dims.get(c.name, 1)) for c in described.columns
+        ]
+        count_query = sql.SQL("SELECT count(*) FROM {}.{}").format(
+            sql.Identifier(described.schema), sql.Identifier(described.name)
+        )
+        counted = coordinator.execute(count_query).fetchone()
+        source_rows = int(counted[0]) if counted else 0
+        kinds = {c.name: types[c.type_oid].kind for c in described.columns}
+        max_partitions = max(1, spark.sparkContext.defaultParallelism * 2)
+        predicates = plan_predicates(coordinator, described, key, kinds, source_rows, max_partitions)
+        log_progress(
+            f"{table.key}: snapshot {generation}: {source_rows} rows at watermark {format_lsn(watermark.lsn)}, "
+            f"{len(predicates)} Spark partition(s)"
+        )
+        # 3. parallel read in the exported snapshot
+        frame = _read(spark, config, table, described, columns, predicates, snapshot_id)
+        path = snapshot_path(config, table, generation)
+        frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+        coordinator.execute("COMMIT")
+
+    from delta.tables import DeltaTable
+
+    detail = DeltaTable.forPath(spark, path).detail().select("sizeInBytes").first()
+    written = spark.read.format("delta").load(path).agg(F.count(F.lit(1)).alias("n")).first()
+    rows = int(written["n"]) if written else 0
+    # 4. the generation must hold exactly what the snapshot saw
+    if rows != source_rows:
+        raise SnapshotError(
+            f"{table.key}: snapshot {generation} wrote {rows} rows but the source had {source_rows} in the "
+            "same MVCC snapshot; the generation is incomplete and must not be used"
+        )
+    result = SnapshotResult(
+        generation=generation,
+        path=path,
+        rows=rows,
+        source_rows=source_rows,
+        bytes=int(detail["sizeInBytes"]) if detail else 0,
+        watermark=watermark,
+        duration_s=round(time.monotonic() - started, 3),
+        schema_hash=described.schema_hash(),
+        spark_partitions=len(predicates),
+        key_columns=key,
+        columns=[(c.name, c.lake.simpleString()) for c in columns],
+    )
+    log_progress(
+        f"{table.key}: snapshot {generation}: wrote {rows} rows ({result.bytes} bytes) in {result.duration_s} s"
+    )
+    return result
+
+
+def _declared_dims(conn: psycopg.Connection[tuple[Any, ...]], described: SourceTable) -> dict[str, int]:
+    rows = conn.execute(
+        """SELECT a.attname, a.attndims FROM pg_attribute a
+           JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped""",
+        (described.schema, described.name),
+    ).fetchall()
+    return {str(name): max(int(str(d)), 1) for name, d in rows}
+
+
+def _read(
+    spark: SparkSession,
+    config: PlatformConfig,
+    table: TableConfig,
+    described: SourceTable,
+    columns: list[SnapshotColumn],
+    predicates: list[str],
+    snapshot_id: str,
+) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    src = config.sources[table.source]
+    query = "(SELECT {} FROM {}.{}) AS snapshot_source".format(
+        ", ".join(c.select_sql for c in columns), quote_ident(described.schema), quote_ident(described.name)
+    )
+    # every partition's connection joins the coordinator's snapshot, with the session
+    # settings that make text forms unambiguous (the same as capture's)
+    init = (
+        "SET TimeZone = 'UTC'; SET IntervalStyle = 'iso_8601'; SET extra_float_digits = 1; "
+        f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot_id}'"
+    )
+    properties = {
+        "user": src.user,
+        "password": src.password(table.source).get_secret_value(),
+        "driver": "org.postgresql.Driver",
+        "fetchsize": "10000",
+        "sessionInitStatement": init,
+        "preferTimestampNTZ": "true",
+        "ApplicationName": "cdc_platform_snapshot",
+        **{k: v for k, v in src.connect_options.items() if k in ("sslmode", "connect_timeout")},
+    }
+    url = f"jdbc:postgresql://{src.host}:{src.port}/{src.database}"
+    frame = spark.read.jdbc(url=url, table=query, predicates=predicates, properties=properties)
+
+    def column(name: str) -> Any:
+        return F.col("`" + name.replace("`", "``") + "`")
+
+    return frame.select(
+        *[
+            (
+                F.from_json(column(c.name), cast("ArrayType", c.lake)) if c.from_json else column(c.name).cast(c.lake)
+            ).alias(c.name)
+            for c in columns
+        ]
+    )
+
+
+def summary_json(result: SnapshotResult) -> str:
+    return json.dumps(result.summary(), default=str)
