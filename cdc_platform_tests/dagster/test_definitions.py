@@ -33,10 +33,14 @@ def test_one_asset_group_per_configured_table() -> None:
     groups = _groups(build_definitions(config))
     expected = {f"{t.source}_{t.dagster_name}" for t in config.tables}
     assert set(groups) == expected
-    assert groups["shop_order_lines"] == {"shop/order_lines/source"}
-    spec = next(s for s in build_definitions(config).resolve_all_asset_specs() if s.key.path[:2] == ["shop", "orders"])
-    assert spec.kinds == {"postgres"}
-    assert spec.metadata["topic"] == "shop.public.orders"
+    assert groups["shop_order_lines"] == {"shop/order_lines/source", "shop/order_lines/snapshot"}
+    specs = {s.key.to_user_string(): s for s in build_definitions(config).resolve_all_asset_specs()}
+    assert specs["shop/orders/source"].kinds == {"postgres"}
+    assert specs["shop/orders/source"].metadata["topic"] == "shop.public.orders"
+    snapshot = specs["shop/orders/snapshot"]
+    assert snapshot.kinds == {"spark", "delta", "postgres"}
+    assert [d.asset_key.to_user_string() for d in snapshot.deps] == ["shop/orders/source"]
+    assert isinstance(snapshot.partitions_def, dg.DynamicPartitionsDefinition)
 
 
 def test_dagster_definitions_validate_passes() -> None:
