@@ -1,0 +1,231 @@
+"""Kafka records -> change rows with lake values (the changelog's decoding, pure Python).
+
+Accepts the platform's envelope and a real Debezium PostgreSQL connector's (JSON, with
+or without the ``schema`` part): same fields, same representations. Values become the
+lake types of ``cdc_platform/spark/lake_types.py`` so the changelog and the snapshot
+agree on every type. A record that cannot be decoded raises ``ChangeDecodeError`` with
+the reason; the changelog sends it to the dead-letter table.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from cdc_platform.envelope.debezium import UNAVAILABLE
+from cdc_platform.envelope.decode import parse_zoned_timestamp
+from cdc_platform.envelope.pgtypes import (
+    EPOCH_DATE,
+    PgType,
+    bytes_to_decimal,
+    numeric_precision_scale,
+)
+
+MAX_DECIMAL_PRECISION = 38
+_NON_FINITE = {"NaN", "Infinity", "-Infinity"}
+OPS = {"r", "c", "u", "d", "t"}
+
+
+class ChangeDecodeError(ValueError):
+    """The record is not a change event this table can take; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class LakeColumnSpec:
+    name: str
+    pgtype: PgType
+    typmod: int
+
+
+@dataclass
+class ChangeRow:
+    op: str | None  # c/u/d/t/r; None for a tombstone
+    commit_lsn: int | None = None
+    lsn: int | None = None
+    tx_id: int | None = None
+    source_ts: datetime | None = None
+    key: dict[str, Any] | None = None
+    before: dict[str, Any] | None = None
+    after: dict[str, Any] | None = None
+    # columns whose value PostgreSQL did not send (unchanged TOAST): keep the current one
+    unavailable: list[str] = field(default_factory=list)
+
+    @property
+    def is_tombstone(self) -> bool:
+        return self.op is None
+
+
+def decode_record(
+    key: bytes | None, value: bytes | None, columns: list[LakeColumnSpec], decimal_handling: str = "precise"
+) -> ChangeRow:
+    """One Kafka record as a change row. ``decimal_handling`` is the source's setting
+    (Debezium's ``decimal.handling.mode``): a short base64 string can be all digits, so
+    the representation must be known, not guessed."""
+    if value is None:
+        return ChangeRow(op=None, key=_parse_key(key))
+    try:
+        envelope = json.loads(value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ChangeDecodeError(f"value is not JSON: {exc}") from None
+    if isinstance(envelope, dict) and "payload" in envelope and "schema" in envelope:
+        envelope = envelope["payload"]
+    if not isinstance(envelope, dict):
+        raise ChangeDecodeError("value is not a JSON object")
+    op = envelope.get("op")
+    if op not in OPS:
+        raise ChangeDecodeError(f"op is {op!r}, expected one of c, u, d, t, r")
+    source = envelope.get("source")
+    if not isinstance(source, dict):
+        raise ChangeDecodeError("no 'source' block")
+    lsn = _int_or_none(source.get("lsn"))
+    commit_lsn = lsn
+    sequence = source.get("sequence")
+    if isinstance(sequence, str):
+        try:
+            first = json.loads(sequence)[0]
+            commit_lsn = int(first) if first is not None else lsn
+        except (ValueError, IndexError, TypeError, json.JSONDecodeError):
+            raise ChangeDecodeError(f"source.sequence {sequence!r} is not ['<lsn>', '<lsn>']") from None
+    ts_ms = source.get("ts_ms")
+    row = ChangeRow(
+        op=op,
+        commit_lsn=commit_lsn,
+        lsn=lsn,
+        tx_id=_int_or_none(source.get("txId")),
+        source_ts=datetime.fromtimestamp(ts_ms / 1000, UTC) if isinstance(ts_ms, int | float) else None,
+        key=_parse_key(key),
+    )
+    if op == "t":
+        return row
+    for part in ("before", "after"):
+        image = envelope.get(part)
+        if image is None:
+            continue
+        if not isinstance(image, dict):
+            raise ChangeDecodeError(f"'{part}' is not an object")
+        values, unavailable = decode_image(image, columns, part, decimal_handling)
+        setattr(row, part, values)
+        if part == "after":
+            row.unavailable = unavailable
+    if op in ("c", "u", "r") and row.after is None:
+        raise ChangeDecodeError(f"op '{op}' without 'after'")
+    if op == "d" and row.before is None and row.key is None:
+        raise ChangeDecodeError("delete without 'before' and without a key")
+    return row
+
+
+def decode_image(
+    image: dict[str, Any], columns: list[LakeColumnSpec], part: str, decimal_handling: str = "precise"
+) -> tuple[dict[str, Any], list[str]]:
+    values: dict[str, Any] = {}
+    unavailable: list[str] = []
+    for column in columns:
+        raw = image.get(column.name)
+        if _is_placeholder(raw, column):
+            unavailable.append(column.name)
+            values[column.name] = None
+            continue
+        try:
+            values[column.name] = lake_value(raw, column.pgtype, column.typmod, decimal_handling)
+        except (ValueError, TypeError, KeyError, ArithmeticError) as exc:
+            raise ChangeDecodeError(
+                f"{part}.{column.name}: cannot read {str(raw)[:60]!r} as {column.pgtype.name}: {exc}"
+            ) from None
+    return values, unavailable
+
+
+def _is_placeholder(raw: Any, column: LakeColumnSpec) -> bool:
+    if raw in (UNAVAILABLE, [UNAVAILABLE]):
+        return True
+    return column.pgtype.kind == "bytea" and raw == base64.b64encode(UNAVAILABLE.encode()).decode()
+
+
+def lake_value(raw: Any, pgtype: PgType, typmod: int, decimal_handling: str = "precise") -> Any:
+    """A Debezium JSON value as the lake stores it (see spark/lake_types.py)."""
+    if raw is None:
+        return None
+    kind = pgtype.kind
+    if kind in ("int16", "int32", "int64"):
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise TypeError("not an integer")
+        return raw
+    if kind in ("float32", "float64"):
+        return float(raw)  # "NaN" / "Infinity" strings included
+    if kind == "bool":
+        if not isinstance(raw, bool):
+            raise TypeError("not a boolean")
+        return raw
+    if kind in ("numeric", "money"):
+        scale = (19, 2) if kind == "money" else numeric_precision_scale(typmod)
+        return _numeric(raw, scale, precise=decimal_handling == "precise")
+    if kind == "date":
+        return date.fromordinal(EPOCH_DATE.toordinal() + int(raw))
+    if kind == "time":
+        return format_time_micros(int(raw)) if isinstance(raw, int) else str(raw)
+    if kind == "timestamp":
+        return datetime(1970, 1, 1) + timedelta(microseconds=int(raw))
+    if kind == "timestamptz":
+        parsed = parse_zoned_timestamp(str(raw))
+        if isinstance(parsed, str):
+            raise ValueError("infinite timestamps cannot be stored in the lake")
+        return parsed
+    if kind == "bytea":
+        return base64.b64decode(raw, validate=True)
+    if kind == "array":
+        assert pgtype.element is not None
+        if not isinstance(raw, list):
+            raise TypeError("not an array")
+        return [
+            lake_value(v, pgtype, typmod, decimal_handling)
+            if isinstance(v, list)
+            else lake_value(v, pgtype.element, typmod, decimal_handling)
+            for v in raw
+        ]
+    if kind == "json" and not isinstance(raw, str):
+        return json.dumps(raw)
+    return str(raw) if not isinstance(raw, str) else raw
+
+
+def _numeric(raw: Any, precision_scale: tuple[int, int] | None, precise: bool) -> Decimal | str:
+    if isinstance(raw, dict):  # VariableScaleDecimal
+        value = bytes_to_decimal(base64.b64decode(raw["value"], validate=True), int(raw["scale"]))
+    elif precise and isinstance(raw, str) and precision_scale is not None and raw not in _NON_FINITE:
+        value = bytes_to_decimal(base64.b64decode(raw, validate=True), precision_scale[1])
+    elif isinstance(raw, int | float | str):
+        value = Decimal(str(raw))  # decimal.handling.mode=string/double, or NaN as text
+    else:
+        raise TypeError("not a decimal")
+    if precision_scale is not None and precision_scale[0] <= MAX_DECIMAL_PRECISION:
+        return value
+    return str(value)
+
+
+def format_time_micros(micros: int) -> str:
+    """PostgreSQL's time output: HH:MM:SS with the fraction only if non-zero."""
+    seconds, fraction = divmod(micros, 1_000_000)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    text = f"{h:02d}:{m:02d}:{s:02d}"
+    return text + f".{fraction:06d}".rstrip("0") if fraction else text
+
+
+def _parse_key(key: bytes | None) -> dict[str, Any] | None:
+    if key is None:
+        return None
+    try:
+        parsed = json.loads(key)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ChangeDecodeError("key is not JSON") from None
+    if isinstance(parsed, dict) and "payload" in parsed and "schema" in parsed:
+        parsed = parsed["payload"]
+    if not isinstance(parsed, dict):
+        raise ChangeDecodeError("key is not a JSON object")
+    return parsed
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | str) and str(value).lstrip("-").isdigit() else None
