@@ -12,10 +12,11 @@ from dagster_pyspark import PySparkResource
 from cdc_platform.config import PlatformConfig, load_config
 from cdc_platform.factories.table import build_table_definitions, source_asset_key
 from cdc_platform.resources import PostgresSourcesResource
-from cdc_platform.spark.session import session_conf
+from cdc_platform.spark.session import prepare_spark_environment, session_conf
 
 
 def build_definitions(config: PlatformConfig) -> dg.Definitions:
+    prepare_spark_environment()  # PySparkResource starts Spark in this process
     per_table = [build_table_definitions(config, table) for table in config.tables]
     observe_sources = dg.define_asset_job(
         "observe_sources",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,14 @@ def _artifact(jar_name: str) -> str:
     return match["artifact"] if match else jar_name
 
 
+def prepare_spark_environment() -> None:
+    """Process environment Spark reads at start-up: loopback only, and Python workers (the
+    data-source planner reads PYSPARK_PYTHON, not spark.pyspark.python) on the venv's
+    interpreter. Explicit settings in the environment win."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
 def session_conf(spark: SparkConfig) -> dict[str, str]:
     conf = {
         "spark.jars": ",".join(extra_jars()),
@@ -65,6 +74,9 @@ def session_conf(spark: SparkConfig) -> dict[str, str]:
         # Delta rebuilds table state with this many tasks; 50 (its default) is all overhead locally
         "spark.databricks.delta.snapshotPartitions": "4",
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
+        # Python workers (the changelog's Kafka data source) run the driver's interpreter,
+        # i.e. the project's venv, not whatever python3 is first on PATH
+        "spark.pyspark.python": sys.executable,
     }
     conf.update(spark.conf)  # the user's settings win
     return conf
@@ -73,7 +85,7 @@ def session_conf(spark: SparkConfig) -> dict[str, str]:
 def get_spark_session(spark: SparkConfig, app_name: str | None = None) -> SparkSession:
     from pyspark.sql import SparkSession
 
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    prepare_spark_environment()
     builder = SparkSession.builder.master(spark.master).appName(app_name or spark.app_name)
     for key, value in session_conf(spark).items():
         builder = builder.config(key, value)

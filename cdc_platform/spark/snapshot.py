@@ -103,7 +103,8 @@ def kafka_end_offsets(config: PlatformConfig, topic: str) -> dict[int, int]:
         consumer.close()
 
 
-def _conninfo(config: PlatformConfig, table: TableConfig) -> str:
+def source_conninfo(config: PlatformConfig, table: TableConfig) -> str:
+    """libpq connection string for the table's source (holds the password: never log it)."""
     src = config.sources[table.source]
     return make_conninfo(
         "",
@@ -155,7 +156,7 @@ def take_snapshot(
     from pyspark.sql import functions as F
 
     started = time.monotonic()
-    conninfo = _conninfo(config, table)
+    conninfo = source_conninfo(config, table)
     topic = config.topic_for(table)
     with psycopg.connect(conninfo, autocommit=True) as coordinator:
         # 1. watermark first (see the module docstring)

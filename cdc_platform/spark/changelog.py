@@ -1,0 +1,240 @@
+"""Changelog windows: Kafka offset ranges fixed once, read in parallel, written idempotently.
+
+A window's range per Kafka partition is ``[start, end)``. It is decided the first time
+the window is materialized and recorded in ``<table>/changelog_ranges``; re-runs reuse it.
+``start`` is the recorded end of the window just before (if that one is recorded), else
+the first offset whose timestamp is at or after the window start; ``end`` is the
+recorded start of the window just after (if recorded), else the first offset whose
+timestamp is at or after the window end. So every offset belongs to exactly one window
+even when record timestamps are not monotonic, and holes are checkable.
+
+A window is **closed** — and only then materialized — when every partition has a record
+at or after the window end, or the window end plus ``grace_s`` has passed (an idle
+partition then ends at its current end offset).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from cdc_platform.capture.pg_catalog import describe_table, resolve_pg_types
+from cdc_platform.config import ErrorTolerance, PlatformConfig, TableConfig
+from cdc_platform.envelope.changes import LakeColumnSpec
+from cdc_platform.spark.snapshot import source_conninfo, table_root
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+class WindowNotClosedError(RuntimeError):
+    """The window is still open: a partition has no record past its end and the grace
+    period has not passed. Retry later (the changelog sensor only asks for closed ones)."""
+
+
+class ChangelogGapError(RuntimeError):
+    """Offsets the changelog needs are gone from Kafka: rehydrate (reason changelog_gap)."""
+
+    reason = "changelog_gap"
+
+
+class DeadLetterError(RuntimeError):
+    """errors.tolerance is 'none' and the window holds records that cannot be decoded."""
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    partition: int
+    start: int
+    end: int
+
+
+@dataclass
+class WindowResult:
+    window_start: str
+    ranges: list[OffsetRange]
+    reused_ranges: bool
+    events: dict[str, int] = field(default_factory=dict)  # by op, plus "tombstone"
+    dead_letters: int = 0
+    rows: int = 0
+    min_commit_lsn: int | None = None
+    max_commit_lsn: int | None = None
+    duration_s: float = 0.0
+
+
+def window_key(start: datetime) -> str:
+    return start.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def changelog_path(config: PlatformConfig, table: TableConfig) -> str:
+    return f"{table_root(config, table)}/changelog"
+
+
+def ranges_path(config: PlatformConfig, table: TableConfig) -> str:
+    return f"{table_root(config, table)}/changelog_ranges"
+
+
+def dead_letters_path(config: PlatformConfig, table: TableConfig) -> str:
+    return f"{table_root(config, table)}/dead_letters"
+
+
+def recorded_ranges(spark: SparkSession, config: PlatformConfig, table: TableConfig) -> dict[str, list[OffsetRange]]:
+    from delta.tables import DeltaTable
+
+    path = ranges_path(config, table)
+    if not DeltaTable.isDeltaTable(spark, path):
+        return {}
+    out: dict[str, list[OffsetRange]] = {}
+    for row in spark.read.format("delta").load(path).collect():
+        out.setdefault(row["window_start"], []).append(
+            OffsetRange(row["kafka_partition"], row["start_offset"], row["end_offset"])
+        )
+    return {k: sorted(v, key=lambda r: r.partition) for k, v in out.items()}
+
+
+def plan_window(
+    config: PlatformConfig,
+    table: TableConfig,
+    start: datetime,
+    end: datetime,
+    recorded: dict[str, list[OffsetRange]],
+    now: datetime | None = None,
+) -> tuple[list[OffsetRange], bool]:
+    """The window's offset ranges, and whether they were already recorded."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    key = window_key(start)
+    if key in recorded:
+        return recorded[key], True
+    previous = {r.partition: r.end for r in recorded.get(window_key(start - (end - start)), [])}
+    following = {r.partition: r.start for r in recorded.get(window_key(end), [])}
+    topic = config.topic_for(table)
+    now = now or datetime.now(UTC)
+    consumer = Consumer({**config.kafka.client_config(), "group.id": "cdc_platform_changelog_planner"})
+    try:
+        metadata = consumer.list_topics(topic, timeout=15)
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None:
+            raise WindowNotClosedError(f"topic {topic} does not exist yet (has capture run?)")
+        partitions = sorted(found.partitions)
+        at_start = _offsets_for_time(consumer, topic, partitions, start)
+        at_end = _offsets_for_time(consumer, topic, partitions, end)
+        ranges = []
+        for p in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)
+            first = previous.get(p, at_start[p] if at_start[p] >= 0 else high)
+            if p in following:
+                last = following[p]
+            elif at_end[p] >= 0:
+                last = at_end[p]  # a record at or after the window end exists: closed
+            elif now >= end + timedelta(seconds=table.changelog.grace_s):
+                last = high  # idle partition past the grace period
+            else:
+                raise WindowNotClosedError(
+                    f"window {key} of {table.key} is open: partition {p} has no record at or after "
+                    f"{end.isoformat()} and the grace period ({table.changelog.grace_s:.0f} s) has not passed"
+                )
+            if first < low:
+                raise ChangelogGapError(
+                    f"window {key} of {table.key}: {topic}[{p}] must start at offset {first}, but the earliest "
+                    f"offset still in Kafka is {low} (retention or DeleteRecords removed the rest): the changelog "
+                    "has a hole; the table must be rehydrated (new snapshot generation)"
+                )
+            ranges.append(OffsetRange(p, first, max(last, first)))
+        return ranges, False
+    finally:
+        consumer.close()
+
+
+def _offsets_for_time(consumer: Any, topic: str, partitions: list[int], when: datetime) -> dict[int, int]:
+    from confluent_kafka import TopicPartition
+
+    ms = int(when.timestamp() * 1000)
+    found = consumer.offsets_for_times([TopicPartition(topic, p, ms) for p in partitions], timeout=15)
+    return {tp.partition: tp.offset for tp in found}
+
+
+def lake_columns(config: PlatformConfig, table: TableConfig) -> list[LakeColumnSpec]:
+    with psycopg.connect(source_conninfo(config, table), autocommit=True) as conn:
+        described = describe_table(conn, table.schema_name, table.table_name)
+        types = resolve_pg_types(conn, [c.type_oid for c in described.columns])
+    return [LakeColumnSpec(c.name, types[c.type_oid], c.type_modifier) for c in described.columns]
+
+
+def materialize_window(
+    spark: SparkSession, config: PlatformConfig, table: TableConfig, start: datetime, end: datetime
+) -> WindowResult:
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructField, StructType
+
+    from cdc_platform.spark.kafka_source import KafkaRangeDataSource, change_schema, columns_option
+    from cdc_platform.spark.lake_types import lake_type
+
+    started = time.monotonic()
+    key = window_key(start)
+    recorded = recorded_ranges(spark, config, table)
+    ranges, reused = plan_window(config, table, start, end, recorded)
+    columns = lake_columns(config, table)
+    row_type = StructType([StructField(c.name, lake_type(c.pgtype, c.typmod), True) for c in columns])
+    spark.dataSource.register(KafkaRangeDataSource)
+    client = {k: v for k, v in config.kafka.client_config().items() if k not in config.kafka.secret_options_env}
+    frame = (
+        spark.read.format("cdc_kafka_range")
+        .schema(change_schema(row_type))
+        .option("topic", config.topic_for(table))
+        .option("ranges", json.dumps([[r.partition, r.start, r.end] for r in ranges]))
+        .option("columns", columns_option(columns))
+        .option("client_config", json.dumps(client))
+        .option("secret_options_env", json.dumps(config.kafka.secret_options_env))
+        .option("decimal_handling", config.sources[table.source].decimal_handling)
+        .load()
+        .withColumn("window_start", F.lit(key))
+    ).cache()
+    try:
+        dead = frame.where(F.col("error").isNotNull())
+        dead_count = dead.count()
+        if dead_count and table.errors.tolerance is ErrorTolerance.NONE:
+            sample = [r["error"] for r in dead.select("error").limit(3).collect()]
+            raise DeadLetterError(
+                f"window {key} of {table.key}: {dead_count} record(s) cannot be decoded (e.g. {sample}); "
+                "errors.tolerance is 'none', so nothing was written. Fix the producer, or set "
+                "errors.tolerance: all to send them to the dead-letter table"
+            )
+        good = frame.where(F.col("error").isNull()).drop("error", "raw_key", "raw_value")
+        condition = f"window_start = '{key}'"
+        good.write.format("delta").mode("overwrite").option("replaceWhere", condition).partitionBy("window_start").save(
+            changelog_path(config, table)
+        )
+        dead.select(
+            "window_start", "kafka_partition", "kafka_offset", "kafka_timestamp", "error", "raw_key", "raw_value",
+            F.lit(config.topic_for(table)).alias("topic"),
+        ).write.format("delta").mode("overwrite").option("replaceWhere", condition).partitionBy("window_start").save(
+            dead_letters_path(config, table)
+        )  # fmt: skip
+        if not reused:  # fixed once: later runs reuse exactly these ranges
+            rows = [(key, r.partition, r.start, r.end, datetime.now(UTC)) for r in ranges]
+            spark.createDataFrame(
+                rows,
+                "window_start string, kafka_partition int, start_offset long, end_offset long, recorded_at timestamp",
+            ).write.format("delta").mode("append").save(ranges_path(config, table))
+        stats = good.groupBy(F.coalesce("op", F.lit("tombstone")).alias("op")).count().collect()
+        lsns = good.agg(F.min("commit_lsn").alias("lo"), F.max("commit_lsn").alias("hi")).first()
+        events = {r["op"]: int(r["count"]) for r in stats}
+        return WindowResult(
+            window_start=key,
+            ranges=ranges,
+            reused_ranges=reused,
+            events=events,
+            dead_letters=dead_count,
+            rows=sum(events.values()),
+            min_commit_lsn=lsns["lo"] if lsns else None,
+            max_commit_lsn=lsns["hi"] if lsns else None,
+            duration_s=round(time.monotonic() - started, 3),
+        )
+    finally:
+        frame.unpersist()
