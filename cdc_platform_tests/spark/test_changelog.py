@@ -99,6 +99,6 @@ def test_errors_tolerance_none_stops_without_writing(env: CaptureEnv, spark: Any
     producer.produce(env.topic("items"), key=b'{"id":1}', value=b'{"op":"c"}', partition=1)
     assert producer.flush(10) == 0
     time.sleep(1.2)
-    with pytest.raises(DeadLetterError, match="errors.tolerance is 'none', so nothing was written"):
+    with pytest.raises(DeadLetterError, match=r"errors\.tolerance is 'none', so nothing was written"):
         materialize_window(spark, config.model_copy(), table.model_copy(
             update={"changelog": table.changelog.model_copy(update={"grace_s": 0.0})}), t0, _now())  # fmt: skip
