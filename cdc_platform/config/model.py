@@ -183,6 +183,11 @@ class ChangelogConfig(_Strict):
         description="Changelog partition size: Nm (N divides 60), Nh (N divides 24) or 1d.",
     )
     grace_s: float = Field(default=30.0, ge=0, description="Idle partitions close a window this long after its end.")
+    start: str = Field(
+        default="2026-11-01T00:00",
+        pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$",
+        description="First changelog window (UTC, YYYY-MM-DDTHH:MM); Dagster partitions begin here.",
+    )
 
     @field_validator("window")
     @classmethod
