@@ -190,7 +190,16 @@ def take_snapshot(
         # 3. parallel read in the exported snapshot
         frame = _read(spark, config, table, described, columns, predicates, snapshot_id)
         path = snapshot_path(config, table, generation)
-        frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+        # the watermark travels with the data (the commit's userMetadata): current reads it there
+        generation_info = {
+            "generation": generation,
+            "watermark_lsn": watermark.lsn,
+            "key_columns": list(key),
+            **watermark.as_dict(),
+        }
+        frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").option(
+            "userMetadata", json.dumps(generation_info)
+        ).save(path)
         coordinator.execute("COMMIT")
 
     from delta.tables import DeltaTable
