@@ -30,6 +30,7 @@ class SourceColumn:
     ordinal: int
     type_oid: int = 0
     type_modifier: int = -1
+    dims: int = 1  # declared array dimensions (integer[][] -> 2)
 
 
 @dataclass(frozen=True)
@@ -85,10 +86,11 @@ def describe_table(conn: psycopg.Connection[tuple[object, ...]], schema: str, ta
             ordinal=int(str(ordinal)),
             type_oid=int(str(type_oid)),
             type_modifier=int(str(typmod)),
+            dims=max(int(str(dims)), 1),
         )
-        for name, type_name, notnull, has_default, ordinal, type_oid, typmod in conn.execute(
+        for name, type_name, notnull, has_default, ordinal, type_oid, typmod, dims in conn.execute(
             """SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, a.atthasdef, a.attnum,
-                      a.atttypid, a.atttypmod
+                      a.atttypid, a.atttypmod, a.attndims
                FROM pg_attribute a
                WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
                ORDER BY a.attnum""",

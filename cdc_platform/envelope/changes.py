@@ -39,6 +39,7 @@ class LakeColumnSpec:
     name: str
     pgtype: PgType
     typmod: int
+    dims: int = 1
 
 
 @dataclass
@@ -201,7 +202,8 @@ def _numeric(raw: Any, precision_scale: tuple[int, int] | None, precise: bool) -
         raise TypeError("not a decimal")
     if precision_scale is not None and precision_scale[0] <= MAX_DECIMAL_PRECISION:
         return value
-    return str(value)
+    # plain digits as PostgreSQL prints them (str() would give '-1E-36' for tiny values)
+    return format(value, "f")
 
 
 def format_time_micros(micros: int) -> str:

@@ -32,6 +32,7 @@ from cdc_platform.spark.changelog import (
     changelog_path,
     materialize_window,
 )
+from cdc_platform.spark.current import CurrentStateError, apply_changes, current_path
 from cdc_platform.spark.snapshot import SnapshotError, SnapshotResult, table_root, take_snapshot
 
 # Tables estimated above this are not count(*)-ed on every observation.
@@ -98,7 +99,54 @@ def build_table_definitions(config: PlatformConfig, table: TableConfig) -> dg.De
 
     snapshot = build_snapshot_asset(config, table)
     changelog = build_changelog_asset(config, table)
-    return dg.Definitions(assets=[observe_source_table, snapshot, changelog])
+    current = build_current_asset(config, table)
+    return dg.Definitions(assets=[observe_source_table, snapshot, changelog, current])
+
+
+def current_asset_key(table: TableConfig) -> dg.AssetKey:
+    return dg.AssetKey([table.source, table.dagster_name])
+
+
+def build_current_asset(config: PlatformConfig, table: TableConfig) -> dg.AssetsDefinition:
+    @dg.asset(
+        key=current_asset_key(table),
+        group_name=group_name(table),
+        kinds={"spark", "delta"},
+        deps=[snapshot_asset_key(table), changelog_asset_key(table)],
+        description=(
+            f"{table.key} as it is in the source: the latest snapshot generation, then every change after "
+            "its watermark in source commit order, deletes applied, duplicates harmless. Incremental: each "
+            "run applies only the changelog offsets recorded since the last one."
+        ),
+        metadata={"lake_path": current_path(config, table)},
+        tags={"cdc/source": table.source},
+    )
+    def current(context: dg.AssetExecutionContext, pyspark: PySparkResource) -> dg.MaterializeResult[None]:
+        try:
+            result = apply_changes(pyspark.spark_session, config, table)
+        except CurrentStateError as exc:
+            raise dg.Failure(description=str(exc), allow_retries=False) from None
+        if result.waiting_for:
+            context.log.warning(f"{table.key}: waiting for changelog windows: {', '.join(result.waiting_for)}")
+        metadata: dict[str, Any] = {
+            "dagster/row_count": dg.MetadataValue.int(result.rows),
+            "rows": dg.MetadataValue.int(result.rows),
+            "changes_applied": dg.MetadataValue.int(result.changes_applied),
+            "rebuilt": dg.MetadataValue.bool(result.rebuilt),
+            "generation": dg.MetadataValue.text(result.generation),
+            "duration_s": dg.MetadataValue.float(result.duration_s),
+            "frontier": dg.MetadataValue.json({str(p): o for p, o in result.frontier.items()}),
+        }
+        if result.applied_commit_lsn is not None:
+            metadata["last_applied_lsn"] = dg.MetadataValue.text(format_lsn(result.applied_commit_lsn))
+        if result.last_source_ts is not None:
+            commit = datetime.fromisoformat(result.last_source_ts)
+            commit = commit if commit.tzinfo else commit.replace(tzinfo=UTC)
+            metadata["last_source_commit"] = dg.MetadataValue.timestamp(commit)
+            metadata["freshness_lag_s"] = dg.MetadataValue.float((datetime.now(UTC) - commit).total_seconds())
+        return dg.MaterializeResult(metadata=metadata)
+
+    return current
 
 
 def changelog_asset_key(table: TableConfig) -> dg.AssetKey:

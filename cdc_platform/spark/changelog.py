@@ -163,7 +163,7 @@ def lake_columns(config: PlatformConfig, table: TableConfig) -> list[LakeColumnS
     with psycopg.connect(source_conninfo(config, table), autocommit=True) as conn:
         described = describe_table(conn, table.schema_name, table.table_name)
         types = resolve_pg_types(conn, [c.type_oid for c in described.columns])
-    return [LakeColumnSpec(c.name, types[c.type_oid], c.type_modifier) for c in described.columns]
+    return [LakeColumnSpec(c.name, types[c.type_oid], c.type_modifier, c.dims) for c in described.columns]
 
 
 def materialize_window(
@@ -180,7 +180,7 @@ def materialize_window(
     recorded = recorded_ranges(spark, config, table)
     ranges, reused = plan_window(config, table, start, end, recorded)
     columns = lake_columns(config, table)
-    row_type = StructType([StructField(c.name, lake_type(c.pgtype, c.typmod), True) for c in columns])
+    row_type = StructType([StructField(c.name, lake_type(c.pgtype, c.typmod, c.dims), True) for c in columns])
     spark.dataSource.register(KafkaRangeDataSource)
     client = {k: v for k, v in config.kafka.client_config().items() if k not in config.kafka.secret_options_env}
     frame = (

@@ -58,7 +58,9 @@ def pgtype_from_dict(data: dict[str, Any]) -> PgType:
 
 
 def columns_option(columns: Sequence[LakeColumnSpec]) -> str:
-    return json.dumps([{"name": c.name, "pgtype": pgtype_to_dict(c.pgtype), "typmod": c.typmod} for c in columns])
+    return json.dumps(
+        [{"name": c.name, "pgtype": pgtype_to_dict(c.pgtype), "typmod": c.typmod, "dims": c.dims} for c in columns]
+    )
 
 
 def change_schema(row_type: StructType) -> StructType:
@@ -115,7 +117,7 @@ class KafkaRangeReader(DataSourceReader):
             return
         options = self.options
         columns = [
-            LakeColumnSpec(c["name"], pgtype_from_dict(c["pgtype"]), int(c["typmod"]))
+            LakeColumnSpec(c["name"], pgtype_from_dict(c["pgtype"]), int(c["typmod"]), int(c.get("dims", 1)))
             for c in json.loads(options["columns"])
         ]
         names = [c.name for c in columns]

@@ -171,10 +171,7 @@ def take_snapshot(
         described = describe_table(coordinator, table.schema_name, table.table_name)
         key = resolve_key(described, table.primary_key, f"tables[{table.key}].primary_key")
         types = resolve_pg_types(coordinator, [c.type_oid for c in described.columns])
-        dims = _declared_dims(coordinator, described)
-        columns = [
-            snapshot_column(c.name, types[c.type_oid], c.type_modifier, dims.get(c.name, 1)) for c in described.columns
-        ]
+        columns = [snapshot_column(c.name, types[c.type_oid], c.type_modifier, c.dims) for c in described.columns]
         count_query = sql.SQL("SELECT count(*) FROM {}.{}").format(
             sql.Identifier(described.schema), sql.Identifier(described.name)
         )
@@ -230,16 +227,6 @@ def take_snapshot(
         f"{table.key}: snapshot {generation}: wrote {rows} rows ({result.bytes} bytes) in {result.duration_s} s"
     )
     return result
-
-
-def _declared_dims(conn: psycopg.Connection[tuple[Any, ...]], described: SourceTable) -> dict[str, int]:
-    rows = conn.execute(
-        """SELECT a.attname, a.attndims FROM pg_attribute a
-           JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-           WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped""",
-        (described.schema, described.name),
-    ).fetchall()
-    return {str(name): max(int(str(d)), 1) for name, d in rows}
 
 
 def _read(

@@ -86,3 +86,50 @@ def test_current_equals_source_after_a_mixed_workload(env: CaptureEnv, spark: An
         extra = current.exceptAll(truth)
         assert truth.count() > 100
         assert (missing.count(), extra.count()) == (0, 0), (missing.limit(5).collect(), extra.limit(5).collect())
+
+
+@pytest.fixture
+def types_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
+    from cdc_platform_tests.cases.pg_types import TYPE_CASES
+
+    columns = ", ".join(f"{name} {sqltype}" for name, sqltype, _ in TYPE_CASES)
+    ddl = [
+        "CREATE TYPE cap_mood AS ENUM ('happy', 'so-so', 'sad')",
+        "CREATE DOMAIN cap_positive AS integer CHECK (VALUE > 0)",
+        f"CREATE TABLE type_cases (case_name text PRIMARY KEY, {columns})",
+    ]
+    yield from make_capture_env(demo_db, tmp_path, ddl, ["type_cases"])
+
+
+def test_every_type_case_through_the_changelog_equals_the_source(
+    types_env: CaptureEnv, spark: Any, tmp_path: Path
+) -> None:
+    from cdc_platform_tests.cases.pg_types import TYPE_CASES
+
+    env = types_env
+    env.config_path.write_text(env.config_path.read_text().replace(
+        f"  - name: cap.{env.schema}.type_cases\n",
+        f"  - name: cap.{env.schema}.type_cases\n    changelog: {{grace_s: 0}}\n",
+    ))  # fmt: skip
+    config = env.config
+    table = config.table(f"cap.{env.schema}.type_cases")
+    env.run_until_caught_up()
+    take_snapshot(spark, config, table, "g1")  # empty: every row arrives through the changelog
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+    with env.app() as app:
+        for name, _, literal in TYPE_CASES:
+            app.execute(f"INSERT INTO type_cases (case_name, {name}) VALUES ('{name}', {literal})".encode())
+        app.execute("UPDATE type_cases SET c_text = 'changed' WHERE case_name = 'c_jsonb'")
+        app.execute("DELETE FROM type_cases WHERE case_name = 'c_inet'")
+    env.run_until_caught_up()
+    time.sleep(1.1)
+    materialize_window(spark, config, table, t0, datetime.now(UTC).replace(microsecond=0))
+    result = apply_changes(spark, config, table)
+    assert result.changes_applied == len(TYPE_CASES) + 2
+    verify = config.model_copy(update={"lake": config.lake.model_copy(update={"root": str(tmp_path / "verify")})})
+    truth = spark.read.format("delta").load(take_snapshot(spark, verify, table, "truth").path)
+    current = spark.read.format("delta").load(current_path(config, table)).drop("_cdc_commit_lsn", "_cdc_lsn")
+    assert truth.schema == current.schema
+    assert truth.count() == len(TYPE_CASES) - 1
+    missing, extra = truth.exceptAll(current).collect(), current.exceptAll(truth).collect()
+    assert (missing, extra) == ([], [])
