@@ -2,7 +2,8 @@
 
 A window's range per Kafka partition is ``[start, end)``. It is decided the first time
 the window is materialized and recorded in ``<table>/changelog_ranges``; re-runs reuse it.
-``start`` is the recorded end of the window just before (if that one is recorded), else
+``start`` is the recorded end of the window that ends where this one starts (if that one
+is recorded), else
 the first offset whose timestamp is at or after the window start; ``end`` is the
 recorded start of the window just after (if recorded), else the first offset whose
 timestamp is at or after the window end. So every offset belongs to exactly one window
@@ -52,6 +53,7 @@ class OffsetRange:
     partition: int
     start: int
     end: int
+    window_end: str = ""  # the window's end key: the next window starts there
 
 
 @dataclass
@@ -92,7 +94,7 @@ def recorded_ranges(spark: SparkSession, config: PlatformConfig, table: TableCon
     out: dict[str, list[OffsetRange]] = {}
     for row in spark.read.format("delta").load(path).collect():
         out.setdefault(row["window_start"], []).append(
-            OffsetRange(row["kafka_partition"], row["start_offset"], row["end_offset"])
+            OffsetRange(row["kafka_partition"], row["start_offset"], row["end_offset"], row["window_end"])
         )
     return {k: sorted(v, key=lambda r: r.partition) for k, v in out.items()}
 
@@ -111,7 +113,8 @@ def plan_window(
     key = window_key(start)
     if key in recorded:
         return recorded[key], True
-    previous = {r.partition: r.end for r in recorded.get(window_key(start - (end - start)), [])}
+    # neighbours by recorded boundaries, not by assumed sizes (a table's window size may change)
+    previous = {r.partition: r.end for rs in recorded.values() for r in rs if r.window_end == key}
     following = {r.partition: r.start for r in recorded.get(window_key(end), [])}
     topic = config.topic_for(table)
     now = now or datetime.now(UTC)
@@ -145,7 +148,7 @@ def plan_window(
                     f"offset still in Kafka is {low} (retention or DeleteRecords removed the rest): the changelog "
                     "has a hole; the table must be rehydrated (new snapshot generation)"
                 )
-            ranges.append(OffsetRange(p, first, max(last, first)))
+            ranges.append(OffsetRange(p, first, max(last, first), window_key(end)))
         return ranges, False
     finally:
         consumer.close()
@@ -217,10 +220,11 @@ def materialize_window(
             dead_letters_path(config, table)
         )  # fmt: skip
         if not reused:  # fixed once: later runs reuse exactly these ranges
-            rows = [(key, r.partition, r.start, r.end, datetime.now(UTC)) for r in ranges]
+            rows = [(key, r.window_end, r.partition, r.start, r.end, datetime.now(UTC)) for r in ranges]
             spark.createDataFrame(
                 rows,
-                "window_start string, kafka_partition int, start_offset long, end_offset long, recorded_at timestamp",
+                "window_start string, window_end string, kafka_partition int, start_offset long, end_offset long, "
+                "recorded_at timestamp",
             ).write.format("delta").mode("append").save(ranges_path(config, table))
         stats = good.groupBy(F.coalesce("op", F.lit("tombstone")).alias("op")).count().collect()
         lsns = good.agg(F.min("commit_lsn").alias("lo"), F.max("commit_lsn").alias("hi")).first()

@@ -33,7 +33,12 @@ def test_one_asset_group_per_configured_table() -> None:
     groups = _groups(build_definitions(config))
     expected = {f"{t.source}_{t.dagster_name}" for t in config.tables}
     assert set(groups) == expected
-    assert groups["shop_order_lines"] == {"shop/order_lines/source", "shop/order_lines/snapshot"}
+    assert groups["shop_order_lines"] == {
+        "shop/order_lines/source",
+        "shop/order_lines/snapshot",
+        "shop/order_lines/changelog",
+        "shop/order_lines",  # current state
+    }
     specs = {s.key.to_user_string(): s for s in build_definitions(config).resolve_all_asset_specs()}
     assert specs["shop/orders/source"].kinds == {"postgres"}
     assert specs["shop/orders/source"].metadata["topic"] == "shop.public.orders"
@@ -41,6 +46,12 @@ def test_one_asset_group_per_configured_table() -> None:
     assert snapshot.kinds == {"spark", "delta", "postgres"}
     assert [d.asset_key.to_user_string() for d in snapshot.deps] == ["shop/orders/source"]
     assert isinstance(snapshot.partitions_def, dg.DynamicPartitionsDefinition)
+    changelog = specs["shop/orders/changelog"]
+    assert changelog.kinds == {"spark", "delta", "kafka"}
+    assert isinstance(changelog.partitions_def, dg.TimeWindowPartitionsDefinition)
+    assert changelog.partitions_def.cron_schedule == "*/15 * * * *"  # the table's 15m window
+    current = specs["shop/orders"]
+    assert {d.asset_key.to_user_string() for d in current.deps} == {"shop/orders/snapshot", "shop/orders/changelog"}
 
 
 def test_dagster_definitions_validate_passes() -> None:
