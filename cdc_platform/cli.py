@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from cdc_platform.config import ConfigError, load_config
 
 if TYPE_CHECKING:
-    from cdc_platform.config import PlatformConfig
+    from cdc_platform.config import PlatformConfig, TableConfig
     from cdc_platform.devstack.profiles import StackProfile
 
 
@@ -87,6 +87,12 @@ def _parser() -> argparse.ArgumentParser:
     snap.add_argument("--reason", default="manual", help="recorded in the run's tags (cdc/reason)")
     snap.add_argument("--config")
     snap.set_defaults(func=_snapshot)
+
+    cur = sub.add_parser("current", help="apply the changelog to tables' current state (a Dagster run each)")
+    cur.add_argument("tables", nargs="*", help="source.schema.table … (or --all)")
+    cur.add_argument("--all", action="store_true", help="every configured table")
+    cur.add_argument("--config")
+    cur.set_defaults(func=_current)
 
     demo = sub.add_parser("demo", help="the demo databases and workloads")
     demo_sub = demo.add_subparsers(dest="action", required=True)
@@ -205,17 +211,32 @@ def _snapshot(args: argparse.Namespace) -> int:
     from cdc_platform.orchestration import start_generations
 
     config = load_config(args.config)
-    if args.all == bool(args.tables):
-        raise CliError("name tables (source.schema.table …) or use --all")
-    try:
-        tables = config.tables if args.all else [config.table(name) for name in args.tables]
-    except KeyError as exc:
-        raise CliError(str(exc.args[0])) from None
+    tables = _selected_tables(config, args.tables, args.all)
     failed = 0
     for run in start_generations(config, tables, reason=args.reason, if_missing=args.if_missing):
         state = f"{run.rows} rows" if run.success else "FAILED (see the run in the Dagster UI)"
         print(f"{run.table}: generation {run.generation}: {state} (run {run.run_id})")
         failed += not run.success
+    return 1 if failed else 0
+
+
+def _selected_tables(config: PlatformConfig, names: list[str], all_tables: bool) -> list[TableConfig]:
+    if all_tables == bool(names):
+        raise CliError("name tables (source.schema.table …) or use --all")
+    try:
+        return list(config.tables) if all_tables else [config.table(name) for name in names]
+    except KeyError as exc:
+        raise CliError(str(exc.args[0])) from None
+
+
+def _current(args: argparse.Namespace) -> int:
+    from cdc_platform.orchestration import apply_current
+
+    config = load_config(args.config)
+    failed = 0
+    for table, success, run_id in apply_current(config, _selected_tables(config, args.tables, args.all)):
+        print(f"{table}: {'applied' if success else 'FAILED (see the run in the Dagster UI)'} (run {run_id})")
+        failed += not success
     return 1 if failed else 0
 
 

@@ -9,7 +9,12 @@ import dagster as dg
 
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.definitions import build_definitions
-from cdc_platform.factories.table import generations_partitions, new_generation_key, snapshot_asset_key
+from cdc_platform.factories.table import (
+    current_asset_key,
+    generations_partitions,
+    new_generation_key,
+    snapshot_asset_key,
+)
 
 
 @dataclass
@@ -57,3 +62,24 @@ def start_generations(
             rows = int(str(value.value)) if value is not None else rows
         runs.append(GenerationRun(table.key, generation, result.success, result.run_id, rows))
     return runs
+
+
+def apply_current(
+    config: PlatformConfig, tables: list[TableConfig], instance: dg.DagsterInstance | None = None
+) -> list[tuple[str, bool, str]]:
+    """Materialize each table's current state (a Dagster run per table): (table, success, run id)."""
+    instance = instance or dg.DagsterInstance.get()
+    defs = build_definitions(config)
+    assets = list(defs.assets or [])
+    results = []
+    for table in tables:
+        result = dg.materialize(
+            assets,  # type: ignore[arg-type]
+            selection=[current_asset_key(table)],
+            instance=instance,
+            resources=dict(defs.resources or {}),
+            tags={"cdc/table": table.key},
+            raise_on_error=False,
+        )
+        results.append((table.key, result.success, result.run_id))
+    return results

@@ -75,6 +75,9 @@ echo "observed every source table (job observe_sources)"
 # The first snapshot generation of every table that has none (Spark JDBC into Delta).
 "$V/cdc-platform" snapshot --all --if-missing --reason bootstrap 2>> "$LOGS/snapshot.log" \
   || { echo "snapshot failed; see $LOGS/snapshot.log and the run in the Dagster UI" >&2; exit 1; }
+# Current state from the latest generation (and any changelog windows already materialized).
+"$V/cdc-platform" current --all 2>> "$LOGS/current.log" \
+  || { echo "current failed; see $LOGS/current.log and the run in the Dagster UI" >&2; exit 1; }
 
 if [[ -n "$(alive dagster "dagster dev" || true)" ]]; then
   echo "Dagster UI already running on http://127.0.0.1:$UI_PORT"; exit 0
