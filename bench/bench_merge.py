@@ -1,0 +1,113 @@
+"""Current-state merge: time to apply 10k changes to tables of 100k and of 10M rows.
+
+For each size, a synthetic snapshot generation and a changelog window of 10k changes
+(80% updates, 10% deletes, 10% inserts, random keys) are written as the platform writes
+them; ``apply_changes`` first builds current from the generation (the baseline: a full
+rebuild, O(table)), then applies the window incrementally (the measured merge). Prints
+both times, merge/rebuild, and how the merge time grows with the table.
+
+Run: make bench   (or .venv/bin/python bench/bench_merge.py [--sizes 100000 10000000])
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from cdc_platform.config.model import PlatformConfig, SparkConfig
+from cdc_platform.spark.changelog import changelog_path, ranges_path
+from cdc_platform.spark.current import apply_changes
+from cdc_platform.spark.session import get_spark_session
+from cdc_platform.spark.snapshot import table_root
+
+CHANGES = 10_000
+
+
+def make_config(root: Path) -> PlatformConfig:
+    return PlatformConfig.model_validate(
+        {
+            "sources": {"bm": {"database": "bm", "user": "u", "password_env": "UNUSED"}},
+            "kafka": {"bootstrap_servers": "127.0.0.1:1"},
+            "lake": {"root": str(root)},
+            "tables": [{"name": "bm.public.t", "primary_key": ["id"]}],
+        }
+    )
+
+
+def bench(spark: object, size: int, root: Path) -> tuple[float, float]:
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    assert isinstance(spark, SparkSession)
+    config = make_config(root)
+    table = config.tables[0]
+    info = {"generation": "g1", "watermark_lsn": 1000, "key_columns": ["id"], "kafka_end_offsets": {"0": 0}}
+    spark.range(size).select(
+        F.col("id"), (F.col("id") * 2).alias("v"), F.concat(F.lit("row-"), F.col("id").cast("string")).alias("s")
+    ).write.format("delta").mode("overwrite").option("userMetadata", json.dumps(info)).save(
+        f"{table_root(config, table)}/snapshot/g1"
+    )
+    started = time.perf_counter()
+    apply_changes(spark, config, table)  # the baseline: current rebuilt from the generation
+    rebuild_s = time.perf_counter() - started
+
+    row = "struct<id:bigint,v:bigint,s:string>"
+    roll = F.rand(7)
+    changes = spark.range(CHANGES).select(
+        F.lit(0).alias("kafka_partition"),
+        F.col("id").alias("kafka_offset"),
+        F.current_timestamp().alias("kafka_timestamp"),
+        F.when(roll < 0.8, "u").when(roll < 0.9, "d").otherwise("c").alias("op"),
+        F.lit(False).alias("is_tombstone"),
+        (F.lit(2000) + F.col("id")).alias("commit_lsn"),
+        (F.lit(2000) + F.col("id")).alias("lsn"),
+        F.col("id").alias("tx_id"),
+        F.current_timestamp().alias("source_ts"),
+        F.lit(None).cast("string").alias("key_json"),
+        F.when(roll >= 0.9, F.lit(size) + F.col("id")).otherwise((F.rand(11) * size).cast("long")).alias("k"),
+    )
+    image = F.struct(F.col("k").alias("id"), (F.col("k") * 3).alias("v"), F.lit("changed").alias("s"))
+    changes = changes.select(
+        "*",
+        F.when(F.col("op") == "d", image).otherwise(F.lit(None).cast(row)).alias("before"),
+        F.when(F.col("op") != "d", image).otherwise(F.lit(None).cast(row)).alias("after"),
+        F.array().cast("array<string>").alias("unavailable"),
+        F.lit("w1").alias("window_start"),
+    ).drop("k")
+    changes.write.format("delta").mode("overwrite").partitionBy("window_start").save(changelog_path(config, table))
+    ranges_schema = "window_start string, window_end string, kafka_partition int, start_offset long, end_offset long"
+    spark.createDataFrame([("w1", "w2", 0, 0, CHANGES)], ranges_schema).write.format("delta").mode("overwrite").save(
+        ranges_path(config, table)
+    )
+    started = time.perf_counter()
+    result = apply_changes(spark, config, table)
+    merge_s = time.perf_counter() - started
+    assert result.changes_applied == CHANGES, result
+    return rebuild_s, merge_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 10_000_000])
+    args = parser.parse_args()
+    spark = get_spark_session(SparkConfig(master="local[*]", conf={"spark.sql.shuffle.partitions": "8"}))
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench_merge_") as tmp:
+        bench(spark, 1000, Path(tmp) / "warmup")  # JIT and Delta code paths warm
+        for size in args.sizes:
+            rebuild_s, merge_s = bench(spark, size, Path(tmp) / str(size))
+            results.append((size, rebuild_s, merge_s))
+    print(f"\nmerge of {CHANGES} changes into current (same run; baseline = full rebuild from the generation)")
+    for size, rebuild_s, merge_s in results:
+        ratio = merge_s / rebuild_s
+        print(f"rows={size:>10}  rebuild {rebuild_s:7.2f} s  merge {merge_s:6.2f} s  merge/rebuild = {ratio:.3f}")
+    if len(results) > 1:
+        (small, _, small_merge), (large, _, large_merge) = results[0], results[-1]
+        print(f"table grew {large / small:.0f}x; merge time grew {large_merge / small_merge:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
