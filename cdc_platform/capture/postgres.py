@@ -28,7 +28,6 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # where it is defined (confluent_kafka.admin re-exports it untyped)
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from cdc_platform.capture.errors import (
     CaptureError,
@@ -196,19 +195,7 @@ class PostgresCapture:
 
     # -- connections ----------------------------------------------------------------------
     def _conninfo(self) -> str:
-        """libpq connection string (with the password: never log it)."""
-        src = self.source
-        return make_conninfo(
-            "",
-            **src.connect_options,
-            host=src.host,
-            port=src.port,
-            dbname=src.database,
-            user=src.user,
-            password=src.password(self.source_name).get_secret_value(),
-            connect_timeout=10,
-            application_name=f"cdc_platform_capture_{self.source_name}",
-        )
+        return self.source.conninfo(self.source_name, f"cdc_platform_capture_{self.source_name}")
 
     def _sql_connect(self) -> psycopg.Connection[tuple[Any, ...]]:
         try:

@@ -126,6 +126,22 @@ class PostgresSource(_Strict):
     def password(self, source_name: str) -> SecretStr:
         return read_secret(self.password_env, f"sources.{source_name}.password_env")
 
+    def conninfo(self, source_name: str, application_name: str) -> str:
+        """libpq connection string, password included: never log it or put it in metadata."""
+        from psycopg.conninfo import make_conninfo
+
+        options = {"connect_timeout": "10", **self.connect_options}
+        return make_conninfo(
+            "",
+            **options,
+            host=self.host,
+            port=self.port,
+            dbname=self.database,
+            user=self.user,
+            password=self.password(source_name).get_secret_value(),
+            application_name=application_name,
+        )
+
 
 class KafkaConfig(_Strict):
     """The Kafka cluster the change events go through."""

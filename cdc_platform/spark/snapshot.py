@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from cdc_platform.capture.pg_catalog import SourceTable, describe_table, resolve_key, resolve_pg_types
 from cdc_platform.config import PlatformConfig, TableConfig
@@ -105,17 +104,7 @@ def kafka_end_offsets(config: PlatformConfig, topic: str) -> dict[int, int]:
 
 def source_conninfo(config: PlatformConfig, table: TableConfig) -> str:
     """libpq connection string for the table's source (holds the password: never log it)."""
-    src = config.sources[table.source]
-    return make_conninfo(
-        "",
-        **src.connect_options,
-        host=src.host,
-        port=src.port,
-        dbname=src.database,
-        user=src.user,
-        password=src.password(table.source).get_secret_value(),
-        application_name="cdc_platform_snapshot",
-    )
+    return config.sources[table.source].conninfo(table.source, "cdc_platform_snapshot")
 
 
 def plan_predicates(

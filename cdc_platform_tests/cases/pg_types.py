@@ -5,6 +5,17 @@ per case (only that column set), then checks that every captured value decodes t
 exactly what PostgreSQL returns for it. Add a row here to cover a new type.
 """
 
+
+def type_cases_ddl() -> list[str]:
+    """The enum, the domain and the ``type_cases`` table (one column per case)."""
+    columns = ", ".join(f"{name} {sqltype}" for name, sqltype, _ in TYPE_CASES)
+    return [
+        "CREATE TYPE cap_mood AS ENUM ('happy', 'so-so', 'sad')",
+        "CREATE DOMAIN cap_positive AS integer CHECK (VALUE > 0)",
+        f"CREATE TABLE type_cases (case_name text PRIMARY KEY, {columns})",
+    ]
+
+
 TYPE_CASES: list[tuple[str, str, str]] = [
     ("c_smallint", "smallint", "-32768"),
     ("c_integer", "integer", "2147483647"),

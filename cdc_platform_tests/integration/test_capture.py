@@ -20,7 +20,7 @@ from cdc_platform.envelope.debezium import UNAVAILABLE
 from cdc_platform.envelope.decode import field_schemas, from_connect
 from cdc_platform.envelope.partitioner import partition_for
 from cdc_platform.envelope.pgtypes import parse_array
-from cdc_platform_tests.cases.pg_types import TYPE_CASES
+from cdc_platform_tests.cases.pg_types import TYPE_CASES, type_cases_ddl
 from cdc_platform_tests.integration.capture_env import CaptureEnv, Message, make_capture_env
 
 pytestmark = pytest.mark.integration
@@ -135,13 +135,9 @@ def test_topics_are_created_compacted_with_the_configured_partitions(items_env: 
 
 @pytest.fixture
 def types_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
-    columns = ", ".join(f"{name} {sqltype}" for name, sqltype, _ in TYPE_CASES)
-    ddl = [
-        "CREATE TYPE cap_mood AS ENUM ('happy', 'so-so', 'sad')",
-        "CREATE DOMAIN cap_positive AS integer CHECK (VALUE > 0)",
-        f"CREATE TABLE type_cases (case_name text PRIMARY KEY, {columns})",
-    ]
-    yield from make_capture_env(demo_db, tmp_path, ddl, ["type_cases"], source_yaml="    envelope_schemas: true\n")
+    yield from make_capture_env(
+        demo_db, tmp_path, type_cases_ddl(), ["type_cases"], source_yaml="    envelope_schemas: true\n"
+    )
 
 
 def _expected(value: Any) -> Any:

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from cdc_platform.config.model import SparkConfig
 from cdc_platform.spark.changelog import (
     DeadLetterError,
     WindowNotClosedError,
@@ -19,15 +18,9 @@ from cdc_platform.spark.changelog import (
     dead_letters_path,
     materialize_window,
 )
-from cdc_platform.spark.session import get_spark_session
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def spark() -> Any:
-    return get_spark_session(SparkConfig(master="local[2]"))
 
 
 @pytest.fixture

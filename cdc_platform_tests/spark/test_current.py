@@ -13,20 +13,13 @@ from typing import Any
 
 import pytest
 
-from cdc_platform.config.model import SparkConfig
 from cdc_platform.spark.changelog import materialize_window
 from cdc_platform.spark.current import apply_changes, current_path
-from cdc_platform.spark.session import get_spark_session
 from cdc_platform.spark.snapshot import take_snapshot
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 from cdc_platform_tests.integration.test_capture_faults import DDL, Workload
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def spark() -> Any:
-    return get_spark_session(SparkConfig(master="local[2]"))
 
 
 @pytest.fixture
@@ -90,15 +83,9 @@ def test_current_equals_source_after_a_mixed_workload(env: CaptureEnv, spark: An
 
 @pytest.fixture
 def types_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
-    from cdc_platform_tests.cases.pg_types import TYPE_CASES
+    from cdc_platform_tests.cases.pg_types import type_cases_ddl
 
-    columns = ", ".join(f"{name} {sqltype}" for name, sqltype, _ in TYPE_CASES)
-    ddl = [
-        "CREATE TYPE cap_mood AS ENUM ('happy', 'so-so', 'sad')",
-        "CREATE DOMAIN cap_positive AS integer CHECK (VALUE > 0)",
-        f"CREATE TABLE type_cases (case_name text PRIMARY KEY, {columns})",
-    ]
-    yield from make_capture_env(demo_db, tmp_path, ddl, ["type_cases"])
+    yield from make_capture_env(demo_db, tmp_path, type_cases_ddl(), ["type_cases"])
 
 
 def test_every_type_case_through_the_changelog_equals_the_source(

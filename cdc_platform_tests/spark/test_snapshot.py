@@ -12,28 +12,18 @@ from typing import Any
 
 import pytest
 
-from cdc_platform.config.model import SparkConfig
 from cdc_platform.spark import snapshot as snapshot_module
-from cdc_platform.spark.session import get_spark_session
 from cdc_platform.spark.snapshot import take_snapshot
-from cdc_platform_tests.cases.pg_types import TYPE_CASES
+from cdc_platform_tests.cases.pg_types import TYPE_CASES, type_cases_ddl
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def spark() -> Any:
-    return get_spark_session(SparkConfig(master="local[2]"))
-
-
 @pytest.fixture
 def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
-    columns = ", ".join(f"{name} {sqltype}" for name, sqltype, _ in TYPE_CASES)
     ddl = [
-        "CREATE TYPE cap_mood AS ENUM ('happy', 'so-so', 'sad')",
-        "CREATE DOMAIN cap_positive AS integer CHECK (VALUE > 0)",
-        f"CREATE TABLE type_cases (case_name text PRIMARY KEY, {columns})",
+        *type_cases_ddl(),
         "CREATE TABLE events (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), n int NOT NULL)",
         "CREATE TABLE counters (id bigint PRIMARY KEY, n int NOT NULL)",
     ]
