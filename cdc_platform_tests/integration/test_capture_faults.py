@@ -37,21 +37,22 @@ def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
 class Workload(threading.Thread):
     """Steady random inserts, updates, deletes and key updates on both tables."""
 
-    def __init__(self, env: CaptureEnv, seconds: float, seed: int) -> None:
+    def __init__(self, env: CaptureEnv, seconds: float, seed: int, first_id: int = 1) -> None:
         super().__init__(daemon=True)
         self.env, self.seconds, self.rng = env, seconds, random.Random(seed)
+        self.first_id = first_id
         self.transactions = 0
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             with self.env.app(autocommit=False) as app:
-                next_id = 1
+                next_id = self.first_id
                 deadline = time.monotonic() + self.seconds
                 while time.monotonic() < deadline:
                     for _ in range(self.rng.randint(1, 4)):  # multi-statement transactions
                         roll = self.rng.random()
-                        target = self.rng.randint(1, max(next_id, 2))
+                        target = self.rng.randint(self.first_id, max(next_id, self.first_id + 1))
                         if roll < 0.45:
                             app.execute("INSERT INTO items (id, body) VALUES (%s, md5(random()::text))", (next_id,))
                             app.execute("INSERT INTO lines VALUES (%s, 1, 'n')", (next_id,))

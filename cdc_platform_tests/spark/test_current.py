@@ -71,7 +71,35 @@ def test_current_equals_source_after_a_mixed_workload(env: CaptureEnv, spark: An
         assert not second.rebuilt and second.changes_applied > 0
         assert not second.waiting_for
 
-    verify = config.model_copy(update={"lake": config.lake.model_copy(update={"root": str(tmp_path / "verify")})})
+    _assert_current_equals_source(spark, config, tables, tmp_path / "verify1")
+
+    # a new generation (a rehydration) taken while the workload runs: current rebuilds from
+    # it and then follows the changelog after its watermark
+    capture = env.capture(status_interval_s=1)  # capture restarts from its slot
+    capturing = threading.Thread(target=capture.run, daemon=True)
+    capturing.start()
+    workload = Workload(env, seconds=8, seed=4, first_id=100_000)
+    workload.start()
+    time.sleep(2)
+    for table in tables:
+        take_snapshot(spark, config, table, "g2")
+    assert workload.is_alive(), f"the second generation must be taken while the workload runs ({workload.error!r})"
+    workload.join()
+    assert workload.error is None
+    capture.stop()
+    capturing.join(timeout=60)
+    env.run_until_caught_up()
+    time.sleep(1.1)
+    t_next = datetime.now(UTC).replace(microsecond=0)
+    for table in tables:
+        materialize_window(spark, config, table, t_end, t_next)
+        third = apply_changes(spark, config, table)
+        assert third.rebuilt and third.generation == "g2"
+    _assert_current_equals_source(spark, config, tables, tmp_path / "verify2")
+
+
+def _assert_current_equals_source(spark: Any, config: Any, tables: list[Any], root: Path) -> None:
+    verify = config.model_copy(update={"lake": config.lake.model_copy(update={"root": str(root)})})
     for table in tables:
         truth = spark.read.format("delta").load(take_snapshot(spark, verify, table, "truth").path)
         current = spark.read.format("delta").load(current_path(config, table)).drop("_cdc_commit_lsn", "_cdc_lsn")
