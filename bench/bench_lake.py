@@ -1,0 +1,157 @@
+"""Snapshot and changelog throughput against their floors, measured in the same run.
+
+* snapshot: rows/s of a generation into Delta (consistent parallel Spark JDBC read) vs
+  ``COPY (SELECT …) TO STDOUT`` of the same table read to nowhere (the floor);
+* changelog: events/s of one window decoded into Delta vs a plain confluent-kafka
+  consume of the same offsets (the floor).
+
+The table (``bench_lake_rows``: bigint key, numeric, text, timestamptz, jsonb) lives in
+the dev stack's shop database; its changes come from the platform's own capture.
+
+Run: make bench   (or .venv/bin/python bench/bench_lake.py [--rows 1000000 --changes 200000])
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from cdc_platform.capture.postgres import CaptureOptions, PostgresCapture
+from cdc_platform.config import PlatformConfig, load_config
+from cdc_platform.config.model import SparkConfig, TableConfig
+from cdc_platform.demo.setup import setup_demo
+from cdc_platform.demo.workload import app_connect
+from cdc_platform.devstack import profile, stack_up
+from cdc_platform.devstack.postgres import LocalPostgres
+from cdc_platform.devstack.profiles import REPO_ROOT
+from cdc_platform.devstack.stack import load_stack_env
+from cdc_platform.spark.changelog import OffsetRange, materialize_window
+from cdc_platform.spark.session import get_spark_session
+from cdc_platform.spark.snapshot import source_conninfo, take_snapshot
+
+TABLE = "bench_lake_rows"
+
+
+def prepare(rows: int, tag: str) -> PlatformConfig:
+    prof = profile("dev")
+    stack_up(prof)
+    load_stack_env(prof)
+    list(setup_demo(prof))
+    with app_connect(prof) as app:
+        app.execute(f"DROP TABLE IF EXISTS {TABLE}")
+        app.execute(
+            f"""CREATE TABLE {TABLE} (id bigint PRIMARY KEY, amount numeric(12,2), label text,
+                                     at timestamptz, doc jsonb)"""
+        )
+        app.execute(
+            f"""INSERT INTO {TABLE} SELECT g, (g %% 100000) / 100.0, md5(g::text), now() - g * interval '1 s',
+                       jsonb_build_object('g', g, 'tag', 'x') FROM generate_series(1, %s) g""",
+            (rows,),
+        )
+        app.execute(f"CREATE PUBLICATION bench_{tag} FOR TABLE {TABLE}")
+        app.commit()
+    base = load_config(REPO_ROOT / "cdc_platform.yaml")
+    shop = base.sources["shop"].model_copy(
+        update={"slot_name": f"bench_{tag}", "publication": f"bench_{tag}", "topic_prefix": f"bench{tag}"}
+    )
+    lake = base.lake.model_copy(update={"root": tempfile.mkdtemp(prefix="bench_lake_")})
+    table = TableConfig(name=f"shop.public.{TABLE}", changelog={"grace_s": 0})  # type: ignore[arg-type]
+    return base.model_copy(update={"sources": {"shop": shop}, "tables": [table], "lake": lake})
+
+
+def copy_floor(config: PlatformConfig, table: TableConfig) -> tuple[int, float]:
+    started = time.perf_counter()
+    size = 0
+    with (
+        psycopg.connect(source_conninfo(config, table)) as conn,
+        conn.cursor() as cur,
+        cur.copy(f"COPY (SELECT * FROM {TABLE}) TO STDOUT") as copy,
+    ):
+        for block in copy:
+            size += len(block)
+    return size, time.perf_counter() - started
+
+
+def consume_floor(config: PlatformConfig, table: TableConfig, ranges: list[OffsetRange]) -> tuple[int, float]:
+    topic = config.topic_for(table)
+    consumer = Consumer({**config.kafka.client_config(), "group.id": "bench_floor", "enable.auto.commit": False})
+    started = time.perf_counter()
+    count = 0
+    consumer.assign([TopicPartition(topic, r.partition, r.start) for r in ranges if r.end > r.start])
+    remaining = {r.partition: r.end for r in ranges if r.end > r.start}
+    while remaining:
+        for msg in consumer.consume(10_000, timeout=5):
+            if msg.error() or msg.partition() not in remaining:
+                continue
+            count += 1
+            if msg.offset() + 1 >= remaining[msg.partition()]:
+                del remaining[msg.partition()]
+    elapsed = time.perf_counter() - started
+    consumer.close()
+    return count, elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--changes", type=int, default=200_000)
+    args = parser.parse_args()
+    tag = uuid.uuid4().hex[:6]
+    config = prepare(args.rows, tag)
+    table = config.tables[0]
+    spark = get_spark_session(SparkConfig(master="local[*]"))
+    pg = LocalPostgres(profile("dev"))
+    try:
+        take_snapshot(spark, config, table, "warmup")  # JVM, JDBC and Delta paths warm
+        copy_bytes, copy_s = copy_floor(config, table)
+        started = time.perf_counter()
+        result = take_snapshot(spark, config, table, "g1")
+        snapshot_s = time.perf_counter() - started
+
+        capture = PostgresCapture(config, "shop", CaptureOptions(until_caught_up=True, status_interval_s=3600))
+        capture.run()  # slot and topic exist before the changes
+        t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+        with app_connect(profile("dev")) as app:
+            app.execute(f"UPDATE {TABLE} SET amount = amount + 1 WHERE id <= %s", (args.changes,))
+        PostgresCapture(config, "shop", CaptureOptions(until_caught_up=True, status_interval_s=3600)).run()
+        time.sleep(1.1)
+        t1 = datetime.now(UTC).replace(microsecond=0)
+        started = time.perf_counter()
+        window = materialize_window(spark, config, table, t0, t1)
+        changelog_s = time.perf_counter() - started
+        consumed, consume_s = consume_floor(config, table, window.ranges)
+    finally:
+        with pg.admin_connect("shop") as admin:
+            admin.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                (f"bench_{tag}",),
+            )
+            admin.execute(f"DROP PUBLICATION IF EXISTS bench_{tag}")
+            admin.execute(f"DROP TABLE IF EXISTS {TABLE}")
+        admin_client = AdminClient(config.kafka.client_config())
+        doomed = [t for t in admin_client.list_topics(timeout=10).topics if f"bench{tag}" in t]
+        for future in admin_client.delete_topics(doomed).values() if doomed else []:
+            future.result(timeout=30)
+
+    print(f"\nsnapshot of {result.rows} rows (same run; floor = COPY TO STDOUT of the same table)")
+    print(
+        f"  COPY {copy_s:6.2f} s ({result.rows / copy_s:9.0f} rows/s, {copy_bytes / 1e6:.0f} MB)   "
+        f"snapshot into Delta {snapshot_s:6.2f} s ({result.rows / snapshot_s:9.0f} rows/s, "
+        f"{result.spark_partitions} partitions)   ratio snapshot/floor = {copy_s / snapshot_s:.3f}"
+    )
+    print(f"changelog window of {window.rows} events (floor = plain confluent-kafka consume of the same offsets)")
+    print(
+        f"  consume {consume_s:6.2f} s ({consumed / consume_s:9.0f} ev/s)   window into Delta {changelog_s:6.2f} s "
+        f"({window.rows / changelog_s:9.0f} ev/s)   ratio changelog/floor = {consume_s / changelog_s:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
