@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cdc_platform.snapshot")
 
 ROWS_PER_PARTITION = 250_000
+PROGRESS_INTERVAL_S = 10.0
 NUMERIC_KINDS = {"int16", "int32", "int64"}
 
 
@@ -105,6 +107,43 @@ def kafka_end_offsets(config: PlatformConfig, topic: str) -> dict[int, int]:
 def source_conninfo(config: PlatformConfig, table: TableConfig) -> str:
     """libpq connection string for the table's source (holds the password: never log it)."""
     return config.sources[table.source].conninfo(table.source, "cdc_platform_snapshot")
+
+
+class SparkProgress(threading.Thread):
+    """Logs the running Spark job's progress (tasks done of tasks, and the share of the
+    table that represents) every ``interval_s`` while a long read/write runs."""
+
+    def __init__(
+        self, spark: SparkSession, label: str, rows: int, log_progress: Callable[[str], None], interval_s: float = 10.0
+    ) -> None:
+        super().__init__(daemon=True)
+        self.spark, self.label, self.rows, self.log_progress, self.interval_s = (
+            spark,
+            label,
+            rows,
+            log_progress,
+            interval_s,
+        )
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        tracker = self.spark.sparkContext.statusTracker()
+        while not self._done.wait(self.interval_s):
+            total = done = 0
+            for stage_id in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(stage_id)
+                if info is not None:
+                    total += info.numTasks
+                    done += info.numCompletedTasks
+            if total:
+                share = done / total
+                approx = int(self.rows * share)
+                self.log_progress(
+                    f"{self.label}: {done}/{total} Spark tasks done ({share:.0%}, ~{approx} of {self.rows} rows)"
+                )
+
+    def stop(self) -> None:
+        self._done.set()
 
 
 def plan_predicates(
@@ -177,15 +216,22 @@ def take_snapshot(
         frame = _read(spark, config, table, described, columns, predicates, snapshot_id)
         path = snapshot_path(config, table, generation)
         # the watermark travels with the data (the commit's userMetadata): current reads it there
-        generation_info = {
-            "generation": generation,
-            "watermark_lsn": watermark.lsn,
-            "key_columns": list(key),
-            **watermark.as_dict(),
-        }
-        frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").option(
-            "userMetadata", json.dumps(generation_info)
-        ).save(path)
+        progress = SparkProgress(
+            spark, f"{table.key}: snapshot {generation}", source_rows, log_progress, PROGRESS_INTERVAL_S
+        )
+        progress.start()
+        try:
+            generation_info = {
+                "generation": generation,
+                "watermark_lsn": watermark.lsn,
+                "key_columns": list(key),
+                **watermark.as_dict(),
+            }
+            frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").option(
+                "userMetadata", json.dumps(generation_info)
+            ).save(path)
+        finally:
+            progress.stop()
         coordinator.execute("COMMIT")
 
     from delta.tables import DeltaTable

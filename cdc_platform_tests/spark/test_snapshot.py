@@ -76,6 +76,8 @@ def test_parallel_snapshot_is_one_consistent_state(
         app.execute("INSERT INTO events (n) SELECT g FROM generate_series(1, 3000) g")
         app.execute("INSERT INTO counters SELECT g, 0 FROM generate_series(1, 3000) g")
     monkeypatch.setattr(snapshot_module, "ROWS_PER_PARTITION", 500)  # force several partitions
+    monkeypatch.setattr(snapshot_module, "PROGRESS_INTERVAL_S", 0.05)
+    progress: list[str] = []
 
     stop = threading.Event()
 
@@ -92,12 +94,16 @@ def test_parallel_snapshot_is_one_consistent_state(
     thread.start()
     try:
         time.sleep(0.3)
-        uuid_result = take_snapshot(spark, env.config, env.config.table(f"cap.{env.schema}.events"), "g1")
+        uuid_result = take_snapshot(
+            spark, env.config, env.config.table(f"cap.{env.schema}.events"), "g1", log_progress=progress.append
+        )
         counters_result = take_snapshot(spark, env.config, env.config.table(f"cap.{env.schema}.counters"), "g1")
     finally:
         stop.set()
         thread.join()
     assert uuid_result.spark_partitions > 1 and counters_result.spark_partitions > 1
+    # long reads report progress: tasks done of tasks, and the share of rows that represents
+    assert any("Spark tasks done" in line and "rows)" in line for line in progress), progress
     assert uuid_result.rows == uuid_result.source_rows >= 3000  # hash buckets cover every row once
     counters = spark.read.format("delta").load(counters_result.path)
     # one transaction updates every row: a consistent snapshot sees one value across all partitions
