@@ -26,7 +26,7 @@ class SlotLostError(FatalCaptureError):
     reason = "source_position_lost"
 
 
-def classify_postgres_error(exc: BaseException, *, source: str, user: str, slot: str) -> CaptureError:
+def classify_postgres_error(exc: BaseException, *, source: str, user: str, slot: str | None = None) -> CaptureError:
     """Map a libpq/psycopg error to retriable or fatal, with the fix in the message.
     libpq messages name host, port and user, never the password."""
     text = " ".join(str(exc).split())
@@ -42,6 +42,8 @@ def classify_postgres_error(exc: BaseException, *, source: str, user: str, slot:
         )
     if "database" in lowered and "does not exist" in lowered:
         return FatalCaptureError(f"source '{source}': {text}; fix sources.{source}.database")
+    if slot is None:
+        return RetriableCaptureError(f"source '{source}': cannot connect ({text}); is the database up and reachable?")
     if (
         ("replication slot" in lowered and "does not exist" in lowered)
         or "can no longer get changes" in lowered

@@ -153,20 +153,6 @@ def resolve_key(source_table: SourceTable, configured: list[str] | None, config_
     return source_table.primary_key
 
 
-def describe_connection_error(source: str, exc: psycopg.OperationalError) -> str:
-    """A connection failure in words that name the fix. libpq's message names host, port
-    and user but never the password, so it is safe to include."""
-    text = str(exc).strip()
-    if "password authentication failed" in text:
-        return (
-            f"source '{source}': bad credentials ({text}); check the user in the config and the "
-            "password in the environment variable its password_env names"
-        )
-    if "does not exist" in text and "database" in text:
-        return f"source '{source}': {text}; fix sources.{source}.database in the config"
-    return f"source '{source}': cannot connect ({text}); is the database up and reachable?"
-
-
 def slot_position(conn: psycopg.Connection[tuple[object, ...]], slot: str) -> dict[str, object] | None:
     """A replication slot as PostgreSQL sees it; None if it does not exist."""
     row = conn.execute(

@@ -13,10 +13,10 @@ import psycopg
 from dagster_pyspark import PySparkResource
 from psycopg import sql
 
+from cdc_platform.capture.errors import classify_postgres_error
 from cdc_platform.capture.pg_catalog import (
     SourceTable,
     SourceTableError,
-    describe_connection_error,
     describe_table,
     resolve_key,
     slot_position,
@@ -86,7 +86,7 @@ def build_table_definitions(config: PlatformConfig, table: TableConfig) -> dg.De
             # fatal: retrying cannot help until someone changes the table or the config
             raise dg.Failure(description=str(exc), allow_retries=False) from None
         except psycopg.OperationalError as exc:
-            raise dg.Failure(description=describe_connection_error(table.source, exc)) from None
+            raise dg.Failure(description=connection_failure(config, table, exc)) from None
         context.log.info(
             f"{table.key}: {rows} rows ({'exact' if exact else 'estimated'}), "
             f"{len(described.columns)} columns, schema {described.schema_hash()}"
@@ -210,6 +210,11 @@ def changelog_metadata(result: WindowResult) -> dict[str, Any]:
     return metadata
 
 
+def connection_failure(config: PlatformConfig, table: TableConfig, exc: psycopg.OperationalError) -> str:
+    """The same words capture uses: libpq's message (never the password) and the fix."""
+    return str(classify_postgres_error(exc, source=table.source, user=config.sources[table.source].user))
+
+
 def snapshot_asset_key(table: TableConfig) -> dg.AssetKey:
     return dg.AssetKey([table.source, table.dagster_name, "snapshot"])
 
@@ -246,7 +251,7 @@ def build_snapshot_asset(config: PlatformConfig, table: TableConfig) -> dg.Asset
         except (SourceTableError, MissingSecretError, SnapshotError) as exc:
             raise dg.Failure(description=str(exc), allow_retries=False) from None
         except psycopg.OperationalError as exc:
-            raise dg.Failure(description=describe_connection_error(table.source, exc)) from None
+            raise dg.Failure(description=connection_failure(config, table, exc)) from None
         return dg.MaterializeResult(metadata=snapshot_metadata(result))
 
     return snapshot

@@ -125,12 +125,13 @@ def plan_window(
         if found is None or found.error is not None:
             raise WindowNotClosedError(f"topic {topic} does not exist yet (has capture run?)")
         partitions = sorted(found.partitions)
-        at_start = _offsets_for_time(consumer, topic, partitions, start)
-        at_end = _offsets_for_time(consumer, topic, partitions, end)
+        # look up by time only the edges that no recorded neighbour fixes already
+        at_start = _offsets_for_time(consumer, topic, [p for p in partitions if p not in previous], start)
+        at_end = _offsets_for_time(consumer, topic, [p for p in partitions if p not in following], end)
         ranges = []
         for p in partitions:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)
-            first = previous.get(p, at_start[p] if at_start[p] >= 0 else high)
+            first = previous[p] if p in previous else (at_start[p] if at_start[p] >= 0 else high)
             if p in following:
                 last = following[p]
             elif at_end[p] >= 0:
@@ -157,6 +158,8 @@ def plan_window(
 def _offsets_for_time(consumer: Any, topic: str, partitions: list[int], when: datetime) -> dict[int, int]:
     from confluent_kafka import TopicPartition
 
+    if not partitions:
+        return {}
     ms = int(when.timestamp() * 1000)
     found = consumer.offsets_for_times([TopicPartition(topic, p, ms) for p in partitions], timeout=15)
     return {tp.partition: tp.offset for tp in found}
@@ -226,9 +229,15 @@ def materialize_window(
                 "window_start string, window_end string, kafka_partition int, start_offset long, end_offset long, "
                 "recorded_at timestamp",
             ).write.format("delta").mode("append").save(ranges_path(config, table))
-        stats = good.groupBy(F.coalesce("op", F.lit("tombstone")).alias("op")).count().collect()
-        lsns = good.agg(F.min("commit_lsn").alias("lo"), F.max("commit_lsn").alias("hi")).first()
-        events = {r["op"]: int(r["count"]) for r in stats}
+        # one pass: events by op and the window's commit-LSN span
+        stats = (
+            good.groupBy(F.coalesce("op", F.lit("tombstone")).alias("op"))
+            .agg(F.count(F.lit(1)).alias("n"), F.min("commit_lsn").alias("lo"), F.max("commit_lsn").alias("hi"))
+            .collect()
+        )
+        events = {r["op"]: int(r["n"]) for r in stats}
+        lows = [r["lo"] for r in stats if r["lo"] is not None]
+        highs = [r["hi"] for r in stats if r["hi"] is not None]
         return WindowResult(
             window_start=key,
             ranges=ranges,
@@ -236,8 +245,8 @@ def materialize_window(
             events=events,
             dead_letters=dead_count,
             rows=sum(events.values()),
-            min_commit_lsn=lsns["lo"] if lsns else None,
-            max_commit_lsn=lsns["hi"] if lsns else None,
+            min_commit_lsn=min(lows) if lows else None,
+            max_commit_lsn=max(highs) if highs else None,
             duration_s=round(time.monotonic() - started, 3),
         )
     finally:

@@ -233,16 +233,23 @@ def _merge(
 
     batch = batch.cache()
     try:
-        count = batch.count()
+        # one pass over the batch: its size, its newest position, and the newest truncate
+        summary = batch.agg(
+            F.count(F.lit(1)).alias("n"),
+            F.max("commit_lsn").alias("max_commit"),
+            F.max("source_ts").alias("max_ts"),
+            F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "lsn"))).alias("t"),
+        ).first()
+        assert summary is not None
+        count = int(summary["n"])
         if count == 0:
             return 0, None, None
         target = DeltaTable.forPath(spark, current_path(config, table))
         columns = [f.name for f in target.toDF().schema.fields if f.name not in POSITION_COLUMNS]
         order = F.struct("commit_lsn", "lsn", "kafka_partition", "kafka_offset")
 
-        truncate = batch.where(F.col("op") == "t").agg(F.max(F.struct("commit_lsn", "lsn")).alias("t")).first()
-        if truncate is not None and truncate["t"] is not None:
-            t_commit, t_lsn = truncate["t"]["commit_lsn"], truncate["t"]["lsn"]
+        if summary["t"] is not None:
+            t_commit, t_lsn = summary["t"]["commit_lsn"], summary["t"]["lsn"]
             target.delete(
                 (F.col("_cdc_commit_lsn") < t_commit)
                 | ((F.col("_cdc_commit_lsn") == t_commit) & (F.col("_cdc_lsn") < t_lsn))
@@ -311,9 +318,8 @@ def _merge(
             .whenNotMatchedInsertAll()
             .execute()
         )  # fmt: skip
-        stats = batch.agg(F.max("commit_lsn").alias("c"), F.max("source_ts").alias("ts")).first()
-        max_commit = int(stats["c"]) if stats and stats["c"] is not None else None
-        last_ts = stats["ts"].isoformat() if stats and stats["ts"] is not None else None
+        max_commit = int(summary["max_commit"]) if summary["max_commit"] is not None else None
+        last_ts = summary["max_ts"].isoformat() if summary["max_ts"] is not None else None
         return count, max_commit, last_ts
     finally:
         batch.unpersist()

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -72,11 +72,6 @@ class SnapshotResult:
     spark_partitions: int
     key_columns: tuple[str, ...]
     columns: list[tuple[str, str]] = field(default_factory=list)  # (name, lake type)
-
-    def summary(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["watermark"] = self.watermark.as_dict()
-        return out
 
 
 def table_root(config: PlatformConfig, table: TableConfig) -> str:
@@ -309,7 +304,3 @@ def _read(
             for c in columns
         ]
     )
-
-
-def summary_json(result: SnapshotResult) -> str:
-    return json.dumps(result.summary(), default=str)

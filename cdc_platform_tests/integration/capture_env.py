@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,33 @@ class CaptureEnv:
 
     def run_until_caught_up(self) -> CaptureStats:
         return self.capture(until_caught_up=True, give_up_after_s=60).run()
+
+    @contextmanager
+    def running_capture(self) -> Iterator[PostgresCapture]:
+        """Capture streaming in a thread (its slot active) for the duration of the block."""
+        capture = self.capture(status_interval_s=1)
+        worker = threading.Thread(target=capture.run, daemon=True)
+        worker.start()
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and self.slot_active_pid() is None:
+                time.sleep(0.2)
+            yield capture
+        finally:
+            capture.stop()
+            worker.join(timeout=60)
+
+    def slot_active_pid(self) -> int | None:
+        with self.admin() as admin:
+            row = admin.execute(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (self.slot,)
+            ).fetchone()
+        return int(row[0]) if row and row[0] else None
+
+    def configure_table(self, table: str, settings: str) -> None:
+        """Add YAML settings (one line, e.g. 'changelog: {grace_s: 0}') to a table's entry."""
+        entry = f"  - name: cap.{self.schema}.{table}\n"
+        self.config_path.write_text(self.config_path.read_text().replace(entry, f"{entry}    {settings}\n"))
 
     def topic(self, table: str) -> str:
         return f"{self.prefix}.{self.schema}.{table}"

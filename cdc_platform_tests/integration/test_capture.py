@@ -236,17 +236,9 @@ def test_unchanged_toast_values_never_arrive_as_nulls(toast_env: CaptureEnv) -> 
 
 def test_heartbeat_advances_the_slot_while_captured_tables_are_idle(items_env: CaptureEnv) -> None:
     env = items_env
-    capture = env.capture(status_interval_s=1)
-    import threading
-
-    worker = threading.Thread(target=capture.run, daemon=True)
-    worker.start()
-    try:
+    with env.running_capture() as capture:
         with env.app() as app:
             app.execute("CREATE TABLE noise (id serial PRIMARY KEY, pad text)")  # not in the publication
-            deadline = time.monotonic() + 20
-            while not _slot_active(env) and time.monotonic() < deadline:
-                time.sleep(0.2)
             start = _confirmed(env)
             for _ in range(20):
                 app.execute("INSERT INTO noise (pad) SELECT repeat('x', 500) FROM generate_series(1, 200)")
@@ -267,15 +259,6 @@ def test_heartbeat_advances_the_slot_while_captured_tables_are_idle(items_env: C
         else:
             pytest.fail(f"slot stayed at {_confirmed(env)} while WAL moved to {target[0]}")
         assert capture.stats.events.total() == 0  # nothing captured: the slot moved on heartbeats alone
-    finally:
-        capture.stop()
-        worker.join(timeout=30)
-
-
-def _slot_active(env: CaptureEnv) -> bool:
-    with env.admin() as admin:
-        row = admin.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (env.slot,)).fetchone()
-    return bool(row and row[0])
 
 
 def _confirmed(env: CaptureEnv) -> str:

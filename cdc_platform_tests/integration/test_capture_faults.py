@@ -152,24 +152,14 @@ def test_sigkill_at_random_instants_loses_nothing(env: CaptureEnv) -> None:
 
 
 def test_reconnects_when_the_connection_is_killed(env: CaptureEnv) -> None:
-    capture = env.capture(status_interval_s=1)
-    worker = threading.Thread(target=capture.run, daemon=True)
-    worker.start()
-    try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not _active_pid(env):
-            time.sleep(0.2)
-        with env.app() as app:
-            app.execute("INSERT INTO items (id) SELECT g FROM generate_series(1, 100) g")
-            with env.admin() as admin:
-                admin.execute("SELECT pg_terminate_backend(%s)", (_active_pid(env),))
-            app.execute("INSERT INTO items (id) SELECT g FROM generate_series(101, 200) g")
+    with env.running_capture() as capture, env.app() as app:
+        app.execute("INSERT INTO items (id) SELECT g FROM generate_series(1, 100) g")
+        with env.admin() as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (env.slot_active_pid(),))
+        app.execute("INSERT INTO items (id) SELECT g FROM generate_series(101, 200) g")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and capture.stats.events["c"] < 200:
             time.sleep(0.3)
-    finally:
-        capture.stop()
-        worker.join(timeout=30)
     assert capture.stats.reconnects >= 1
     ids = {json.loads(m.key or b"")["id"] for m in env.consume(["items"]) if m.value}
     assert ids == set(range(1, 201))
@@ -178,36 +168,22 @@ def test_reconnects_when_the_connection_is_killed(env: CaptureEnv) -> None:
 def test_survives_a_kafka_restart(env: CaptureEnv) -> None:
     from cdc_platform.devstack.kafka import LocalKafka
 
-    capture = env.capture(status_interval_s=1)
-    worker = threading.Thread(target=capture.run, daemon=True)
-    worker.start()
     kafka = LocalKafka(env.profile)
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not _active_pid(env):
-            time.sleep(0.2)
-        with env.app() as app:
+        with env.running_capture() as capture, env.app() as app:
             app.execute("INSERT INTO items (id) SELECT g FROM generate_series(1, 100) g")
             assert kafka.down()  # the broker goes away mid-stream…
             app.execute("INSERT INTO items (id) SELECT g FROM generate_series(101, 200) g")
             time.sleep(3)
             kafka.up()  # …and comes back
             app.execute("INSERT INTO items (id) SELECT g FROM generate_series(201, 300) g")
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and capture.stats.events["c"] < 300:
-            time.sleep(0.5)
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and capture.stats.events["c"] < 300:
+                time.sleep(0.5)
     finally:
         kafka.up()  # whatever happened, leave the broker running for the next tests
-        capture.stop()
-        worker.join(timeout=60)
     ids = {json.loads(m.key or b"")["id"] for m in env.consume(["items"]) if m.value}
     assert ids == set(range(1, 301))
-
-
-def _active_pid(env: CaptureEnv) -> int | None:
-    with env.admin() as admin:
-        row = admin.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (env.slot,)).fetchone()
-    return int(row[0]) if row and row[0] else None
 
 
 # -- fatal errors ------------------------------------------------------------------------------

@@ -34,10 +34,8 @@ def _now() -> datetime:
 
 
 def test_windows_are_fixed_once_idempotent_and_contiguous(env: CaptureEnv, spark: Any) -> None:
-    env.config_path.write_text(env.config_path.read_text().replace(
-        f"  - name: cap.{env.schema}.items\n",
-        f"  - name: cap.{env.schema}.items\n    changelog: {{grace_s: 0}}\n    errors: {{tolerance: all}}\n",
-    ))  # fmt: skip
+    env.configure_table("items", "changelog: {grace_s: 0}")
+    env.configure_table("items", "errors: {tolerance: all}")
     config = env.config
     table = config.table(f"cap.{env.schema}.items")
     env.run_until_caught_up()

@@ -4,7 +4,6 @@ of them twice, and the merge applied incrementally."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -28,12 +27,8 @@ def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
 
 
 def test_current_equals_source_after_a_mixed_workload(env: CaptureEnv, spark: Any, tmp_path: Path) -> None:
-    text = env.config_path.read_text()
     for t in ("items", "lines"):
-        text = text.replace(
-            f"  - name: cap.{env.schema}.{t}\n", f"  - name: cap.{env.schema}.{t}\n    changelog: {{grace_s: 0}}\n"
-        )
-    env.config_path.write_text(text)
+        env.configure_table(t, "changelog: {grace_s: 0}")
     config = env.config
     tables = [config.table(f"cap.{env.schema}.{t}") for t in ("items", "lines")]
     env.run_until_caught_up()
@@ -41,21 +36,8 @@ def test_current_equals_source_after_a_mixed_workload(env: CaptureEnv, spark: An
         take_snapshot(spark, config, table, "g0")
     t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
 
-    capture = env.capture(status_interval_s=1)
-    capturing = threading.Thread(target=capture.run, daemon=True)
-    capturing.start()
-    workload = Workload(env, seconds=12, seed=3)  # runs through both snapshots
-    workload.start()
-    time.sleep(2.5)
-    for table in tables:  # the bootstrap generation, taken while the workload runs
-        take_snapshot(spark, config, table, "g1")
-    assert workload.is_alive(), f"the snapshots must be taken while the workload runs ({workload.error!r})"
-    workload.join()
-    assert workload.error is None
-    capture.stop()
-    capturing.join(timeout=60)
-    env.run_until_caught_up()
-    time.sleep(1.1)
+    # the bootstrap generation, taken while the workload runs
+    _generation_during_workload(env, spark, tables, "g1", Workload(env, seconds=12, seed=3), after_s=2.5)
     t_end = datetime.now(UTC).replace(microsecond=0)
     size = (t_end - t0) / 4
     windows = [(t0 + i * size, t0 + (i + 1) * size) for i in range(4)]
@@ -75,27 +57,33 @@ def test_current_equals_source_after_a_mixed_workload(env: CaptureEnv, spark: An
 
     # a new generation (a rehydration) taken while the workload runs: current rebuilds from
     # it and then follows the changelog after its watermark
-    capture = env.capture(status_interval_s=1)  # capture restarts from its slot
-    capturing = threading.Thread(target=capture.run, daemon=True)
-    capturing.start()
     workload = Workload(env, seconds=8, seed=4, first_id=100_000)
-    workload.start()
-    time.sleep(2)
-    for table in tables:
-        take_snapshot(spark, config, table, "g2")
-    assert workload.is_alive(), f"the second generation must be taken while the workload runs ({workload.error!r})"
-    workload.join()
-    assert workload.error is None
-    capture.stop()
-    capturing.join(timeout=60)
-    env.run_until_caught_up()
-    time.sleep(1.1)
+    _generation_during_workload(env, spark, tables, "g2", workload, after_s=2)
     t_next = datetime.now(UTC).replace(microsecond=0)
     for table in tables:
         materialize_window(spark, config, table, t_end, t_next)
         third = apply_changes(spark, config, table)
         assert third.rebuilt and third.generation == "g2"
     _assert_current_equals_source(spark, config, tables, tmp_path / "verify2")
+
+
+def _generation_during_workload(
+    env: CaptureEnv, spark: Any, tables: list[Any], generation: str, workload: Workload, after_s: float
+) -> None:
+    """Capture streams and the workload runs while a generation of every table is taken;
+    returns once capture has every change in Kafka and their timestamps are in the past."""
+    with env.running_capture():
+        workload.start()
+        time.sleep(after_s)
+        for table in tables:
+            take_snapshot(spark, env.config, table, generation)
+        assert workload.is_alive(), (
+            f"generation {generation} must be taken while the workload runs ({workload.error!r})"
+        )
+        workload.join()
+        assert workload.error is None
+    env.run_until_caught_up()
+    time.sleep(1.1)
 
 
 def _assert_current_equals_source(spark: Any, config: Any, tables: list[Any], root: Path) -> None:
@@ -122,10 +110,7 @@ def test_every_type_case_through_the_changelog_equals_the_source(
     from cdc_platform_tests.cases.pg_types import TYPE_CASES
 
     env = types_env
-    env.config_path.write_text(env.config_path.read_text().replace(
-        f"  - name: cap.{env.schema}.type_cases\n",
-        f"  - name: cap.{env.schema}.type_cases\n    changelog: {{grace_s: 0}}\n",
-    ))  # fmt: skip
+    env.configure_table("type_cases", "changelog: {grace_s: 0}")
     config = env.config
     table = config.table(f"cap.{env.schema}.type_cases")
     env.run_until_caught_up()
