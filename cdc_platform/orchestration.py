@@ -12,6 +12,7 @@ from cdc_platform.definitions import build_definitions
 from cdc_platform.factories.table import (
     current_asset_key,
     generations_partitions,
+    history_asset_key,
     new_generation_key,
     snapshot_asset_key,
 )
@@ -75,7 +76,7 @@ def apply_current(
     for table in tables:
         result = dg.materialize(
             assets,  # type: ignore[arg-type]
-            selection=[current_asset_key(table)],
+            selection=[current_asset_key(table), *([history_asset_key(table)] if table.history else [])],
             instance=instance,
             resources=dict(defs.resources or {}),
             tags={"cdc/table": table.key},

@@ -254,7 +254,9 @@ class TableConfig(_Strict):
     changelog: ChangelogConfig = Field(default_factory=ChangelogConfig)
     compatibility: CompatibilityMode = CompatibilityMode.BACKWARD
     errors: ErrorsConfig = Field(default_factory=ErrorsConfig)
-    history: bool = Field(default=False, description="Also keep an SCD2 history table (not available yet).")
+    history: bool = Field(
+        default=False, description="Also keep an SCD2 history table (valid_from / valid_to / is_current)."
+    )
 
     @field_validator("name")
     @classmethod
@@ -264,14 +266,6 @@ class TableConfig(_Strict):
                 f"'{value}' is not '<source>.<schema>.<table>' (e.g. shop.public.orders; quote "
                 'identifiers with spaces or capitals: shop.public."Order Items")'
             )
-        return value
-
-    @field_validator("history")
-    @classmethod
-    def _history_not_yet(cls, value: bool) -> bool:
-        # refused rather than silently ignored: nobody should believe a history table exists
-        if value:
-            raise ValueError("the SCD2 history table is not available yet; remove 'history: true'")
         return value
 
     @field_validator("primary_key")

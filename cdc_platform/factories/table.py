@@ -5,6 +5,7 @@ UI shows one group per source table. Today a table contributes the observed sour
 table; the snapshot, changelog and current-state assets join this group as they land.
 """
 
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,7 +33,7 @@ from cdc_platform.spark.changelog import (
     changelog_path,
     materialize_window,
 )
-from cdc_platform.spark.current import CurrentStateError, apply_changes, current_path
+from cdc_platform.spark.current import CurrentStateError, apply_changes, current_path, history_path
 from cdc_platform.spark.snapshot import SnapshotError, SnapshotResult, table_root, take_snapshot
 
 # Tables estimated above this are not count(*)-ed on every observation.
@@ -107,21 +108,45 @@ def current_asset_key(table: TableConfig) -> dg.AssetKey:
     return dg.AssetKey([table.source, table.dagster_name])
 
 
+def history_asset_key(table: TableConfig) -> dg.AssetKey:
+    return dg.AssetKey([table.source, table.dagster_name, "history"])
+
+
 def build_current_asset(config: PlatformConfig, table: TableConfig) -> dg.AssetsDefinition:
-    @dg.asset(
-        key=current_asset_key(table),
-        group_name=group_name(table),
-        kinds={"spark", "delta"},
-        deps=[snapshot_asset_key(table), changelog_asset_key(table)],
-        description=(
-            f"{table.key} as it is in the source: the latest snapshot generation, then every change after "
-            "its watermark in source commit order, deletes applied, duplicates harmless. Incremental: each "
-            "run applies only the changelog offsets recorded since the last one."
-        ),
-        metadata={"lake_path": current_path(config, table)},
-        tags={"cdc/source": table.source},
-    )
-    def current(context: dg.AssetExecutionContext, pyspark: PySparkResource) -> dg.MaterializeResult[None]:
+    specs = [
+        dg.AssetSpec(
+            key=current_asset_key(table),
+            group_name=group_name(table),
+            kinds={"spark", "delta"},
+            deps=[snapshot_asset_key(table), changelog_asset_key(table)],
+            description=(
+                f"{table.key} as it is in the source: the latest snapshot generation, then every change after "
+                "its watermark in source commit order, deletes applied, duplicates harmless. Incremental: each "
+                "run applies only the changelog offsets recorded since the last one."
+            ),
+            metadata={"lake_path": current_path(config, table)},
+            tags={"cdc/source": table.source},
+        )
+    ]
+    if table.history:
+        # written by the same run from the same change batch: one position for both
+        specs.append(
+            dg.AssetSpec(
+                key=history_asset_key(table),
+                group_name=group_name(table),
+                kinds={"spark", "delta"},
+                deps=[snapshot_asset_key(table), changelog_asset_key(table)],
+                description=(
+                    f"SCD type 2 history of {table.key}: one version per change with valid_from / valid_to "
+                    "(source commit times) and is_current; never thrown away by a new generation."
+                ),
+                metadata={"lake_path": history_path(config, table)},
+                tags={"cdc/source": table.source},
+            )
+        )
+
+    @dg.multi_asset(name=f"{table.source}__{table.dagster_name}__current", specs=specs)
+    def current(context: dg.AssetExecutionContext, pyspark: PySparkResource) -> Iterator[dg.MaterializeResult[None]]:
         try:
             result = apply_changes(pyspark.spark_session, config, table)
         except CurrentStateError as exc:
@@ -144,7 +169,16 @@ def build_current_asset(config: PlatformConfig, table: TableConfig) -> dg.Assets
             commit = commit if commit.tzinfo else commit.replace(tzinfo=UTC)
             metadata["last_source_commit"] = dg.MetadataValue.timestamp(commit)
             metadata["freshness_lag_s"] = dg.MetadataValue.float((datetime.now(UTC) - commit).total_seconds())
-        return dg.MaterializeResult(metadata=metadata)
+        yield dg.MaterializeResult(asset_key=current_asset_key(table), metadata=metadata)
+        if result.history is not None:
+            yield dg.MaterializeResult(
+                asset_key=history_asset_key(table),
+                metadata={
+                    "versions_opened": dg.MetadataValue.int(result.history.versions_opened),
+                    "versions_closed": dg.MetadataValue.int(result.history.versions_closed),
+                    "generation": dg.MetadataValue.text(result.generation),
+                },
+            )
 
     return current
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.spark.changelog import OffsetRange, changelog_path, recorded_ranges
+from cdc_platform.spark.history import HistoryResult, apply_history, ensure_history_table, snapshot_events
 from cdc_platform.spark.snapshot import table_root
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class CurrentResult:
     last_source_ts: str | None
     duration_s: float
     waiting_for: list[str] = field(default_factory=list)  # partitions stopped at a gap
+    history: HistoryResult | None = None  # when the table keeps an SCD2 history
 
 
 def current_path(config: PlatformConfig, table: TableConfig) -> str:
@@ -57,6 +59,10 @@ def current_path(config: PlatformConfig, table: TableConfig) -> str:
 
 def _state_path(config: PlatformConfig, table: TableConfig) -> str:
     return f"{table_root(config, table)}/current_state"
+
+
+def history_path(config: PlatformConfig, table: TableConfig) -> str:
+    return f"{table_root(config, table)}/history"
 
 
 def _deletes_path(config: PlatformConfig, table: TableConfig) -> str:
@@ -120,6 +126,7 @@ def advance_frontier(frontier: dict[int, int], ranges: dict[str, list[OffsetRang
 
 
 def apply_changes(spark: SparkSession, config: PlatformConfig, table: TableConfig) -> CurrentResult:
+    from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     started = time.monotonic()
@@ -132,7 +139,14 @@ def apply_changes(spark: SparkSession, config: PlatformConfig, table: TableConfi
     watermark_lsn = int(info["watermark_lsn"])
     state = _read_state(spark, config, table)
     path = current_path(config, table)
-    rebuilt = state is None or state.get("generation") != generation
+    history = history_path(config, table) if table.history else None
+    # a history table switched on later starts from the generation, so it misses nothing
+    rebuilt = (
+        state is None
+        or state.get("generation") != generation
+        or (history is not None and not DeltaTable.isDeltaTable(spark, history))
+    )
+    history_result = HistoryResult(0, 0)
     if rebuilt:
         frame = spark.read.format("delta").load(snapshot)
         frame.select(
@@ -142,6 +156,10 @@ def apply_changes(spark: SparkSession, config: PlatformConfig, table: TableConfi
         spark.createDataFrame([], f"{key_schema}, _cdc_commit_lsn long, _cdc_lsn long").write.format("delta").mode(
             "overwrite"
         ).option("overwriteSchema", "true").save(_deletes_path(config, table))
+        if history is not None:
+            ensure_history_table(spark, history, frame.schema)
+            events = snapshot_events(spark, history, frame, _key_columns(table, info), watermark_lsn, info["taken_at"])
+            history_result = apply_history(spark, history, events, _key_columns(table, info), frame.columns)
         state = {
             "generation": generation,
             "watermark_lsn": watermark_lsn,
@@ -160,8 +178,18 @@ def apply_changes(spark: SparkSession, config: PlatformConfig, table: TableConfi
     )
     applied = 0
     if windows and new_frontier != frontier:
-        batch = _batch(spark, config, table, windows, frontier, new_frontier, watermark_lsn)
-        applied, max_commit, last_ts = _merge(spark, config, table, batch, _key_columns(table, info))
+        batch = _batch(spark, config, table, windows, frontier, new_frontier, watermark_lsn).cache()
+        try:
+            applied, max_commit, last_ts = _merge(spark, config, table, batch, _key_columns(table, info))
+            if history is not None and applied:
+                columns = [c for c in spark.read.format("delta").load(snapshot).columns]
+                more = apply_history(spark, history, batch, _key_columns(table, info), columns)
+                history_result = HistoryResult(
+                    history_result.versions_opened + more.versions_opened,
+                    history_result.versions_closed + more.versions_closed,
+                )
+        finally:
+            batch.unpersist()
         if max_commit is not None:
             state["applied_commit_lsn"] = max(int(state["applied_commit_lsn"]), max_commit)
         if last_ts is not None:
@@ -184,6 +212,7 @@ def apply_changes(spark: SparkSession, config: PlatformConfig, table: TableConfi
         last_source_ts=state.get("last_source_ts"),
         duration_s=round(time.monotonic() - started, 3),
         waiting_for=waiting,
+        history=history_result if history is not None else None,
     )
 
 
@@ -231,95 +260,90 @@ def _merge(
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    batch = batch.cache()
-    try:
-        # one pass over the batch: its size, its newest position, and the newest truncate
-        summary = batch.agg(
-            F.count(F.lit(1)).alias("n"),
-            F.max("commit_lsn").alias("max_commit"),
-            F.max("source_ts").alias("max_ts"),
-            F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "lsn"))).alias("t"),
-        ).first()
-        assert summary is not None
-        count = int(summary["n"])
-        if count == 0:
-            return 0, None, None
-        target = DeltaTable.forPath(spark, current_path(config, table))
-        columns = [f.name for f in target.toDF().schema.fields if f.name not in POSITION_COLUMNS]
-        order = F.struct("commit_lsn", "lsn", "kafka_partition", "kafka_offset")
+    # one pass over the batch: its size, its newest position, and the newest truncate
+    summary = batch.agg(
+        F.count(F.lit(1)).alias("n"),
+        F.max("commit_lsn").alias("max_commit"),
+        F.max("source_ts").alias("max_ts"),
+        F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "lsn"))).alias("t"),
+    ).first()
+    assert summary is not None
+    count = int(summary["n"])
+    if count == 0:
+        return 0, None, None
+    target = DeltaTable.forPath(spark, current_path(config, table))
+    columns = [f.name for f in target.toDF().schema.fields if f.name not in POSITION_COLUMNS]
+    order = F.struct("commit_lsn", "lsn", "kafka_partition", "kafka_offset")
 
-        if summary["t"] is not None:
-            t_commit, t_lsn = summary["t"]["commit_lsn"], summary["t"]["lsn"]
-            target.delete(
-                (F.col("_cdc_commit_lsn") < t_commit)
-                | ((F.col("_cdc_commit_lsn") == t_commit) & (F.col("_cdc_lsn") < t_lsn))
-            )
-            batch = batch.where(
-                (F.col("commit_lsn") > t_commit) | ((F.col("commit_lsn") == t_commit) & (F.col("lsn") > t_lsn))
-            )
-        batch = batch.where(F.col("op") != "t")
+    if summary["t"] is not None:
+        t_commit, t_lsn = summary["t"]["commit_lsn"], summary["t"]["lsn"]
+        target.delete(
+            (F.col("_cdc_commit_lsn") < t_commit)
+            | ((F.col("_cdc_commit_lsn") == t_commit) & (F.col("_cdc_lsn") < t_lsn))
+        )
+        batch = batch.where(
+            (F.col("commit_lsn") > t_commit) | ((F.col("commit_lsn") == t_commit) & (F.col("lsn") > t_lsn))
+        )
+    batch = batch.where(F.col("op") != "t")
 
-        image = F.when(F.col("op") == "d", F.col("before")).otherwise(F.col("after"))
-        keyed = batch.select("*", *[image[k].alias(f"__key_{k}") for k in keys], order.alias("__order"))
-        aggregates = [
-            F.max_by("op", "__order").alias("op"),
-            F.max("__order").alias("__order"),
-            F.max("source_ts").alias("source_ts"),
-        ]
-        for c in columns:
-            available = ~F.coalesce(F.array_contains("unavailable", c), F.lit(False)) & (F.col("op") != "d")
-            # latest value among events that carried it (struct: a real NULL is still a value)
-            aggregates.append(
-                F.max_by(F.struct(F.col("after")[c].alias("v")), F.when(available, F.col("__order"))).alias(f"__v_{c}")
-            )
-        latest = keyed.groupBy(*[f"__key_{k}" for k in keys]).agg(*aggregates)
+    image = F.when(F.col("op") == "d", F.col("before")).otherwise(F.col("after"))
+    keyed = batch.select("*", *[image[k].alias(f"__key_{k}") for k in keys], order.alias("__order"))
+    aggregates = [
+        F.max_by("op", "__order").alias("op"),
+        F.max("__order").alias("__order"),
+        F.max("source_ts").alias("source_ts"),
+    ]
+    for c in columns:
+        available = ~F.coalesce(F.array_contains("unavailable", c), F.lit(False)) & (F.col("op") != "d")
+        # latest value among events that carried it (struct: a real NULL is still a value)
+        aggregates.append(
+            F.max_by(F.struct(F.col("after")[c].alias("v")), F.when(available, F.col("__order"))).alias(f"__v_{c}")
+        )
+    latest = keyed.groupBy(*[f"__key_{k}" for k in keys]).agg(*aggregates)
 
-        # a duplicate older than a remembered delete must not resurrect the row
-        deletes = spark.read.format("delta").load(_deletes_path(config, table))
-        cond = [F.col(f"l.__key_{k}") == F.col(f"d.{k}") for k in keys]
-        stale = (F.col("d._cdc_commit_lsn") > F.col("l.__order.commit_lsn")) | (
-            (F.col("d._cdc_commit_lsn") == F.col("l.__order.commit_lsn"))
-            & (F.col("d._cdc_lsn") >= F.col("l.__order.lsn"))
-        )
-        latest = (
-            latest.alias("l")
-            .join(deletes.alias("d"), on=cond, how="left")
-            .where(~F.coalesce(stale, F.lit(False)))
-            .select("l.*")
-        )
+    # a duplicate older than a remembered delete must not resurrect the row
+    deletes = spark.read.format("delta").load(_deletes_path(config, table))
+    cond = [F.col(f"l.__key_{k}") == F.col(f"d.{k}") for k in keys]
+    stale = (F.col("d._cdc_commit_lsn") > F.col("l.__order.commit_lsn")) | (
+        (F.col("d._cdc_commit_lsn") == F.col("l.__order.commit_lsn")) & (F.col("d._cdc_lsn") >= F.col("l.__order.lsn"))
+    )
+    latest = (
+        latest.alias("l")
+        .join(deletes.alias("d"), on=cond, how="left")
+        .where(~F.coalesce(stale, F.lit(False)))
+        .select("l.*")
+    )
 
-        # (commit LSN, LSN) compared as a pair: an event at or before the row's position is a duplicate
-        newer = (
-            "(s.__order.commit_lsn > t._cdc_commit_lsn"
-            " OR (s.__order.commit_lsn = t._cdc_commit_lsn AND s.__order.lsn > t._cdc_lsn))"
-        )
-        match = " AND ".join(f"t.`{k}` <=> s.`__key_{k}`" for k in keys)
-        values = {f"`{c}`": f"CASE WHEN s.`__v_{c}` IS NOT NULL THEN s.`__v_{c}`.v ELSE t.`{c}` END" for c in columns}
-        inserts = {f"`{c}`": f"s.`__v_{c}`.v" for c in columns}
-        position = {"_cdc_commit_lsn": "s.__order.commit_lsn", "_cdc_lsn": "s.__order.lsn"}
-        (
-            target.alias("t")
-            .merge(latest.alias("s"), match)
-            .whenMatchedDelete(condition=f"s.op = 'd' AND {newer}")
-            .whenMatchedUpdate(condition=f"s.op <> 'd' AND {newer}", set={**values, **position})
-            .whenNotMatchedInsert(condition="s.op <> 'd'", values={**inserts, **position})
-            .execute()
-        )
-        removed = latest.where(F.col("op") == "d").select(
-            *[F.col(f"__key_{k}").alias(k) for k in keys],
-            F.col("__order.commit_lsn").alias("_cdc_commit_lsn"),
-            F.col("__order.lsn").alias("_cdc_lsn"),
-        )
-        dmatch = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
-        (
-            DeltaTable.forPath(spark, _deletes_path(config, table)).alias("t")
-            .merge(removed.alias("s"), dmatch)
-            .whenMatchedUpdateAll()
-            .whenNotMatchedInsertAll()
-            .execute()
-        )  # fmt: skip
-        max_commit = int(summary["max_commit"]) if summary["max_commit"] is not None else None
-        last_ts = summary["max_ts"].isoformat() if summary["max_ts"] is not None else None
-        return count, max_commit, last_ts
-    finally:
-        batch.unpersist()
+    # (commit LSN, LSN) compared as a pair: an event at or before the row's position is a duplicate
+    newer = (
+        "(s.__order.commit_lsn > t._cdc_commit_lsn"
+        " OR (s.__order.commit_lsn = t._cdc_commit_lsn AND s.__order.lsn > t._cdc_lsn))"
+    )
+    match = " AND ".join(f"t.`{k}` <=> s.`__key_{k}`" for k in keys)
+    values = {f"`{c}`": f"CASE WHEN s.`__v_{c}` IS NOT NULL THEN s.`__v_{c}`.v ELSE t.`{c}` END" for c in columns}
+    inserts = {f"`{c}`": f"s.`__v_{c}`.v" for c in columns}
+    position = {"_cdc_commit_lsn": "s.__order.commit_lsn", "_cdc_lsn": "s.__order.lsn"}
+    (
+        target.alias("t")
+        .merge(latest.alias("s"), match)
+        .whenMatchedDelete(condition=f"s.op = 'd' AND {newer}")
+        .whenMatchedUpdate(condition=f"s.op <> 'd' AND {newer}", set={**values, **position})
+        .whenNotMatchedInsert(condition="s.op <> 'd'", values={**inserts, **position})
+        .execute()
+    )
+    removed = latest.where(F.col("op") == "d").select(
+        *[F.col(f"__key_{k}").alias(k) for k in keys],
+        F.col("__order.commit_lsn").alias("_cdc_commit_lsn"),
+        F.col("__order.lsn").alias("_cdc_lsn"),
+    )
+    dmatch = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
+    (
+        DeltaTable.forPath(spark, _deletes_path(config, table)).alias("t")
+        .merge(removed.alias("s"), dmatch)
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll()
+        .execute()
+    )  # fmt: skip
+    max_commit = int(summary["max_commit"]) if summary["max_commit"] is not None else None
+    last_ts = summary["max_ts"].isoformat() if summary["max_ts"] is not None else None
+    return count, max_commit, last_ts

@@ -39,6 +39,14 @@ def test_one_asset_group_per_configured_table() -> None:
         "shop/order_lines/changelog",
         "shop/order_lines",  # current state
     }
+    # history: true adds the SCD2 table, written by the same step as current
+    assert groups["shop_customers"] == {
+        "shop/customers/source",
+        "shop/customers/snapshot",
+        "shop/customers/changelog",
+        "shop/customers",
+        "shop/customers/history",
+    }
     specs = {s.key.to_user_string(): s for s in build_definitions(config).resolve_all_asset_specs()}
     assert specs["shop/orders/source"].kinds == {"postgres"}
     assert specs["shop/orders/source"].metadata["topic"] == "shop.public.orders"

@@ -208,10 +208,3 @@ def test_config_path_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     path = write(tmp_path, VALID)
     monkeypatch.setenv("CDC_PLATFORM_CONFIG", str(path))
     assert load_config().tables[0].key == "shop.public.customers"
-
-
-def test_history_is_refused_until_it_exists(tmp_path: Path) -> None:
-    [problem] = problems(
-        tmp_path, VALID.replace("    compatibility: FULL", "    compatibility: FULL\n    history: true")
-    )
-    assert "tables[1].history: the SCD2 history table is not available yet" in problem

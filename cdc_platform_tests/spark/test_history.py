@@ -1,0 +1,164 @@
+"""SCD2 history on the real stack: one version per change, closed by the next change of
+its key, TOASTed values carried, duplicates ignored, kept across generations, truncates
+close everything older."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import string
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_platform.spark.changelog import changelog_path, materialize_window
+from cdc_platform.spark.current import apply_changes, current_path, history_path
+from cdc_platform.spark.history import HISTORY_META_COLUMNS, apply_history
+from cdc_platform.spark.snapshot import take_snapshot
+from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
+
+pytestmark = pytest.mark.integration
+
+DDL = [
+    "CREATE TABLE items (id int PRIMARY KEY, body text, qty int NOT NULL DEFAULT 0)",
+    # big: random text well above the TOAST threshold, so an update of n does not resend it
+    "CREATE TABLE docs (id int PRIMARY KEY, big text, n int)",
+]
+
+
+@pytest.fixture
+def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
+    yield from make_capture_env(demo_db, tmp_path, DDL, ["items", "docs"])
+
+
+class Windows:
+    """Consecutive closed changelog windows: each call covers what happened since the last."""
+
+    def __init__(self) -> None:
+        self.start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+
+    def materialize(self, env: CaptureEnv, spark: Any, tables: list[Any]) -> None:
+        env.run_until_caught_up()
+        time.sleep(1.1)
+        end = datetime.now(UTC).replace(microsecond=0)
+        for table in tables:
+            materialize_window(spark, env.config, table, self.start, end)
+        self.start = end
+
+
+def _versions(spark: Any, config: Any, table: Any) -> dict[int, list[dict[str, Any]]]:
+    rows = spark.read.format("delta").load(history_path(config, table)).collect()
+    out: dict[int, list[dict[str, Any]]] = {}
+    for row in sorted(rows, key=lambda r: (r["_cdc_commit_lsn"], r["_cdc_lsn"])):
+        out.setdefault(row["id"], []).append(row.asDict())
+    return out
+
+
+def _assert_consistent(spark: Any, config: Any, table: Any) -> None:
+    """Open versions are exactly current; each key's versions chain without gaps."""
+    history = spark.read.format("delta").load(history_path(config, table))
+    current = spark.read.format("delta").load(current_path(config, table)).drop("_cdc_commit_lsn", "_cdc_lsn")
+    open_rows = history.where("is_current").drop(*HISTORY_META_COLUMNS)
+    assert (open_rows.exceptAll(current).count(), current.exceptAll(open_rows).count()) == (0, 0)
+    for key, versions in _versions(spark, config, table).items():
+        assert sum(v["is_current"] for v in versions) <= 1, key
+        for older, newer in itertools.pairwise(versions):
+            assert not older["is_current"], key
+            if older["_cdc_end_commit_lsn"] == newer["_cdc_commit_lsn"] and older["_cdc_end_lsn"] == newer["_cdc_lsn"]:
+                assert older["valid_to"] == newer["valid_from"], key
+            assert (older["_cdc_end_commit_lsn"], older["_cdc_end_lsn"]) <= (
+                newer["_cdc_commit_lsn"],
+                newer["_cdc_lsn"],
+            ), key
+
+
+def test_history_versions_follow_every_change(env: CaptureEnv, spark: Any) -> None:
+    for t in ("items", "docs"):
+        env.configure_table(t, "changelog: {grace_s: 0}")
+        env.configure_table(t, "history: true")
+    config = env.config
+    items, docs = (config.table(f"cap.{env.schema}.{t}") for t in ("items", "docs"))
+    big = "".join(random.Random(7).choices(string.ascii_letters, k=20_000))
+    with env.app() as app:
+        app.execute("INSERT INTO items VALUES (1, 'b1', 0), (2, 'b2', 0), (3, 'b3', 0)")
+    env.run_until_caught_up()
+    windows = Windows()
+    for table in (items, docs):
+        take_snapshot(spark, config, table, "g1")
+        first = apply_changes(spark, config, table)
+        assert first.history is not None
+    assert first.history is not None and first.history.versions_opened == 0  # docs: empty snapshot
+
+    with env.app() as app:
+        app.execute("UPDATE items SET body = 'a2' WHERE id = 1")
+        app.execute("UPDATE items SET qty = 7 WHERE id = 1")
+        app.execute("DELETE FROM items WHERE id = 2")
+        app.execute("INSERT INTO items VALUES (4, 'b4', 4)")
+        app.execute("UPDATE items SET id = 5 WHERE id = 4")  # key change: d(4) + c(5)
+        with app.transaction():
+            app.execute("UPDATE items SET body = 'x' WHERE id = 3")
+            app.execute("UPDATE items SET body = 'y' WHERE id = 3")
+        app.execute("INSERT INTO docs VALUES (1, %s, 0)", (big,))
+        app.execute("UPDATE docs SET n = 1 WHERE id = 1")  # big is not resent (unchanged TOAST)
+    windows.materialize(env, spark, [items, docs])
+    result = apply_changes(spark, config, items)
+    assert result.history is not None
+    assert (result.history.versions_opened, result.history.versions_closed) == (6, 6)
+    apply_changes(spark, config, docs)
+
+    versions = _versions(spark, config, items)
+    assert [(v["body"], v["qty"], v["_cdc_op"], v["is_current"]) for v in versions[1]] == [
+        ("b1", 0, "r", False),
+        ("a2", 0, "u", False),
+        ("a2", 7, "u", True),
+    ]
+    assert [(v["body"], v["is_current"], v["valid_to"] is not None) for v in versions[2]] == [("b2", False, True)]
+    assert [(v["body"], v["_cdc_op"]) for v in versions[3]] == [("b3", "r"), ("x", "u"), ("y", "u")]
+    assert versions[3][1]["valid_from"] == versions[3][1]["valid_to"]  # same transaction, same commit time
+    assert [(v["body"], v["is_current"]) for v in versions[4]] == [("b4", False)]
+    assert [(v["body"], v["is_current"]) for v in versions[5]] == [("b4", True)]
+    assert [(v["big"], v["n"]) for v in _versions(spark, config, docs)[1]] == [(big, 0), (big, 1)]
+    _assert_consistent(spark, config, items)
+    _assert_consistent(spark, config, docs)
+
+    # at-least-once: the same events again add nothing
+    before = spark.read.format("delta").load(history_path(config, items)).count()
+    again = spark.read.format("delta").load(changelog_path(config, items)).where("op IS NOT NULL")
+    columns = [c for c in spark.read.format("delta").load(current_path(config, items)).columns if not c.startswith("_")]
+    duplicate = apply_history(spark, history_path(config, items), again, ["id"], columns)
+    assert (duplicate.versions_opened, duplicate.versions_closed) == (0, 0)
+    assert spark.read.format("delta").load(history_path(config, items)).count() == before
+
+    # a new generation keeps history: unchanged rows add nothing, changes the changelog has
+    # not delivered yet are reconciled from the snapshot (vanished rows closed)
+    with env.app() as app:
+        app.execute("DELETE FROM items WHERE id = 3")
+        app.execute("UPDATE items SET body = 'g3' WHERE id = 1")
+    env.run_until_caught_up()
+    take_snapshot(spark, config, items, "g2")
+    rebuilt = apply_changes(spark, config, items)
+    assert rebuilt.rebuilt and rebuilt.history is not None
+    assert (rebuilt.history.versions_opened, rebuilt.history.versions_closed) == (1, 2)
+    versions = _versions(spark, config, items)
+    assert [(v["body"], v["_cdc_op"], v["is_current"]) for v in versions[1]][-2:] == [
+        ("a2", "u", False),
+        ("g3", "r", True),
+    ]
+    assert not any(v["is_current"] for v in versions[3])
+    _assert_consistent(spark, config, items)
+
+    # truncate closes every open version; later rows open new ones
+    with env.app() as app:
+        app.execute("TRUNCATE items")
+        app.execute("INSERT INTO items VALUES (9, 'after', 0)")
+    windows.materialize(env, spark, [items])
+    after = apply_changes(spark, config, items)
+    assert after.history is not None and after.history.versions_opened == 1
+    assert [
+        r["id"] for r in spark.read.format("delta").load(history_path(config, items)).where("is_current").collect()
+    ] == [9]
+    _assert_consistent(spark, config, items)
