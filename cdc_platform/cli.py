@@ -88,6 +88,14 @@ def _parser() -> argparse.ArgumentParser:
     snap.add_argument("--config")
     snap.set_defaults(func=_snapshot)
 
+    reh = sub.add_parser(
+        "rehydrate", help="a new snapshot generation, then current rebuilt from it (Dagster runs, reason manual)"
+    )
+    reh.add_argument("tables", nargs="*", help="source.schema.table … (or --all)")
+    reh.add_argument("--all", action="store_true", help="every configured table")
+    reh.add_argument("--config")
+    reh.set_defaults(func=_rehydrate)
+
     cur = sub.add_parser("current", help="apply the changelog to tables' current state (a Dagster run each)")
     cur.add_argument("tables", nargs="*", help="source.schema.table … (or --all)")
     cur.add_argument("--all", action="store_true", help="every configured table")
@@ -217,6 +225,25 @@ def _snapshot(args: argparse.Namespace) -> int:
         state = f"{run.rows} rows" if run.success else "FAILED (see the run in the Dagster UI)"
         print(f"{run.table}: generation {run.generation}: {state} (run {run.run_id})")
         failed += not run.success
+    return 1 if failed else 0
+
+
+def _rehydrate(args: argparse.Namespace) -> int:
+    from cdc_platform.orchestration import apply_current, start_generations
+
+    config = load_config(args.config)
+    tables = _selected_tables(config, args.tables, args.all)
+    failed = 0
+    done = []
+    for run in start_generations(config, tables, reason="manual"):
+        state = f"{run.rows} rows" if run.success else "FAILED (see the run in the Dagster UI)"
+        print(f"{run.table}: generation {run.generation} (reason manual): {state} (run {run.run_id})")
+        failed += not run.success
+        if run.success:
+            done.append(config.table(run.table))
+    for table, success, run_id in apply_current(config, done):
+        print(f"{table}: current {'rebuilt' if success else 'FAILED (see the run in the Dagster UI)'} (run {run_id})")
+        failed += not success
     return 1 if failed else 0
 
 

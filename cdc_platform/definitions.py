@@ -12,6 +12,7 @@ from dagster_pyspark import PySparkResource
 from cdc_platform.config import PlatformConfig, load_config
 from cdc_platform.factories.table import build_table_definitions, source_asset_key
 from cdc_platform.resources import PostgresSourcesResource
+from cdc_platform.sensors import build_changelog_sensor, build_rehydration_sensor, cdc_run_failures
 from cdc_platform.spark.session import prepare_spark_environment, session_conf
 
 
@@ -24,7 +25,11 @@ def build_definitions(config: PlatformConfig) -> dg.Definitions:
         description="Observe every source table: columns, key, replica identity, row count.",
     )
     platform = dg.Definitions(
+        # one process per run: its steps (asset, checks) share one Spark session instead of
+        # starting a JVM per step
+        executor=dg.in_process_executor,
         jobs=[observe_sources],
+        sensors=[build_changelog_sensor(config), build_rehydration_sensor(config), cdc_run_failures],
         schedules=[
             dg.ScheduleDefinition(
                 name="observe_sources_every_5_minutes",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,3 +89,13 @@ def demo_config_path(demo_db: StackProfile, tmp_path: Path) -> Path:
 @pytest.fixture
 def capture_password(stack: StackProfile) -> str:
     return os.environ["CDC_PG_PASSWORD"]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Any:
+    """One local Spark session for every test that needs Spark (getOrCreate shares it with
+    the PySparkResource of in-process Dagster runs)."""
+    from cdc_platform.config.model import SparkConfig
+    from cdc_platform.spark.session import get_spark_session
+
+    return get_spark_session(SparkConfig(master="local[2]"))

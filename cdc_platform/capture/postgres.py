@@ -691,6 +691,7 @@ def slot_status(config: PlatformConfig, source_name: str) -> dict[str, Any]:
             datetime.fromtimestamp(int(heartbeat["ts_ms"]) / 1000, UTC).isoformat() if heartbeat else None
         ),
         "lag_seconds_at_last_heartbeat": heartbeat.get("lag_seconds") if heartbeat else None,
+        "remembered_slot": heartbeat.get("slot") if heartbeat else None,  # capture confirmed with this slot
     }
     if row is None:
         return {"slot": slot, "exists": False, **last}
@@ -706,3 +707,24 @@ def slot_status(config: PlatformConfig, source_name: str) -> dict[str, Any]:
         "lag_bytes": int(lag_bytes or 0),
         "current_wal_lsn": current,
     }
+
+
+def prepare_new_slot(config: PlatformConfig, source_name: str) -> str:
+    """Before a generation that replaces a lost source position: a fresh slot, so every
+    change after the generation's watermark is kept for capture (restart capture after)."""
+    capture = PostgresCapture(config, source_name)
+    with capture._sql_connect() as conn:
+        row = conn.execute(
+            "SELECT wal_status, active_pid FROM pg_replication_slots WHERE slot_name = %s", (capture.slot,)
+        ).fetchone()
+        if row is not None and row[0] != "lost":
+            return f"replication slot {capture.slot} exists"
+        if row is not None:
+            if row[1] is not None:
+                raise FatalCaptureError(f"replication slot {capture.slot} is lost but still in use by pid {row[1]}")
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (capture.slot,))
+        created = conn.execute(
+            "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (capture.slot,)
+        ).fetchone()
+    assert created is not None
+    return f"created replication slot {capture.slot} at {created[0]}; restart capture to stream from it"

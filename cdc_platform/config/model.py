@@ -93,6 +93,14 @@ class PostgresSource(_Strict):
         description="Kafka topic prefix (Debezium's topic.prefix); default: the source name.",
     )
     heartbeat_interval_s: float = Field(default=10.0, gt=0)
+    signal_table: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$",
+        description=(
+            "schema.table of a Debezium-style signal table (id, type, data) the rehydration sensor reads; "
+            "a row ('<id>', 'rehydrate', 'public.orders') asks for a new generation of that table."
+        ),
+    )
     envelope_schemas: bool = Field(
         default=False, description="Embed Kafka Connect schemas in keys and values (JsonConverter schemas.enable)."
     )

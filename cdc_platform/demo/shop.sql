@@ -74,3 +74,11 @@ ALTER TABLE audit_events REPLICA IDENTITY FULL;
 CREATE INDEX IF NOT EXISTS orders_customer_idx ON orders (customer_id);
 CREATE INDEX IF NOT EXISTS payments_order_idx ON payments (order_id);
 CREATE INDEX IF NOT EXISTS audit_events_occurred_idx ON audit_events (occurred_at);
+
+-- Debezium-style signal table: a row ('<id>', 'rehydrate', 'public.orders') asks the
+-- rehydration sensor for a new generation of that table (read with SELECT only).
+CREATE TABLE IF NOT EXISTS cdc_signals (
+    id   varchar(42) PRIMARY KEY,
+    type varchar(32) NOT NULL,
+    data varchar(2048)
+);

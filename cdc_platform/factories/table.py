@@ -22,6 +22,7 @@ from cdc_platform.capture.pg_catalog import (
     resolve_key,
     slot_position,
 )
+from cdc_platform.capture.postgres import prepare_new_slot
 from cdc_platform.config import MissingSecretError, PlatformConfig, TableConfig
 from cdc_platform.envelope.lsn import format_lsn
 from cdc_platform.resources.postgres import PostgresSourcesResource
@@ -33,11 +34,36 @@ from cdc_platform.spark.changelog import (
     changelog_path,
     materialize_window,
 )
-from cdc_platform.spark.current import CurrentStateError, apply_changes, current_path, history_path
+from cdc_platform.spark.checks import (
+    SchemaReport,
+    check_completeness,
+    check_keys,
+    check_schema,
+    observed_schema,
+    pandera_errors,
+    recent_changelog,
+)
+from cdc_platform.spark.current import (
+    POSITION_COLUMNS,
+    CurrentResult,
+    CurrentStateError,
+    apply_changes,
+    current_path,
+    history_path,
+    pending_generation,
+)
 from cdc_platform.spark.snapshot import SnapshotError, SnapshotResult, table_root, take_snapshot
 
 # Tables estimated above this are not count(*)-ed on every observation.
 EXACT_COUNT_LIMIT = 5_000_000
+
+
+SCHEMA_CHECK = "schema_compatible"
+KEYS_CHECK = "keys"
+COMPLETENESS_CHECK = "completeness"
+# retriable failures (network, broker or database briefly unavailable) retry with backoff;
+# fatal ones raise dg.Failure(allow_retries=False) with the fix
+RETRY_POLICY = dg.RetryPolicy(max_retries=3, delay=5, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 
 
 def group_name(table: TableConfig) -> str:
@@ -145,31 +171,80 @@ def build_current_asset(config: PlatformConfig, table: TableConfig) -> dg.Assets
             )
         )
 
-    @dg.multi_asset(name=f"{table.source}__{table.dagster_name}__current", specs=specs)
-    def current(context: dg.AssetExecutionContext, pyspark: PySparkResource) -> Iterator[dg.MaterializeResult[None]]:
+    key = current_asset_key(table)
+    check_specs = [
+        dg.AssetCheckSpec(
+            SCHEMA_CHECK,
+            asset=key,
+            blocking=True,
+            description=(
+                f"The source schema against the registered schema history under {table.compatibility.value}; "
+                "evaluated before anything is merged (an incompatible change merges nothing). Pandera schemas "
+                "generated from the table's schema validate current (types, nullability, key columns)."
+            ),
+        ),
+        dg.AssetCheckSpec(
+            KEYS_CHECK,
+            asset=key,
+            blocking=True,
+            description=(
+                "Primary key non-null and unique in current; Kafka keys of recent events hold exactly the key "
+                "columns and are the same text for every event of a row."
+            ),
+        ),
+        dg.AssetCheckSpec(
+            COMPLETENESS_CHECK,
+            asset=key,
+            description=(
+                "Changelog windows cover every offset since the watermark; dead letters per window within the "
+                "threshold; current reconciles with the source (row count, checksum) when the position allows "
+                "an exact comparison."
+            ),
+        ),
+    ]
+
+    @dg.multi_asset(
+        name=f"{table.source}__{table.dagster_name}__current",
+        specs=specs,
+        check_specs=check_specs,
+        retry_policy=RETRY_POLICY,
+    )
+    def current(context: dg.AssetExecutionContext, pyspark: PySparkResource) -> Iterator[Any]:
+        spark = pyspark.spark_session
+        generation, rebuilding = pending_generation(spark, config, table)
+        if generation is None:
+            raise dg.Failure(
+                description=f"{table.key} has no snapshot generation yet; run: cdc-platform snapshot {table.key}",
+                allow_retries=False,
+            )
         try:
-            result = apply_changes(pyspark.spark_session, config, table)
+            schema = check_schema(spark, config, table, generation, new_baseline=rebuilding)
+        except (SourceTableError, MissingSecretError) as exc:
+            raise dg.Failure(description=str(exc), allow_retries=False) from None
+        if schema.change is not None and not schema.change.compatible:
+            yield dg.AssetCheckResult(
+                asset_key=key,
+                check_name=SCHEMA_CHECK,
+                passed=False,
+                metadata=schema_check_metadata(schema),
+                description="; ".join(schema.change.problems),
+            )
+            raise dg.Failure(
+                description=(
+                    f"{table.key}: incompatible schema change under {schema.compatibility} "
+                    f"({'; '.join(schema.change.problems)}). Nothing was merged. The rehydration sensor takes "
+                    f"a new generation (reason schema_incompatible); or run: cdc-platform rehydrate {table.key}"
+                ),
+                metadata={"reason": "schema_incompatible"},
+                allow_retries=False,
+            )
+        try:
+            result = apply_changes(spark, config, table)
         except CurrentStateError as exc:
             raise dg.Failure(description=str(exc), allow_retries=False) from None
         if result.waiting_for:
             context.log.warning(f"{table.key}: waiting for changelog windows: {', '.join(result.waiting_for)}")
-        metadata: dict[str, Any] = {
-            "dagster/row_count": dg.MetadataValue.int(result.rows),
-            "rows": dg.MetadataValue.int(result.rows),
-            "changes_applied": dg.MetadataValue.int(result.changes_applied),
-            "rebuilt": dg.MetadataValue.bool(result.rebuilt),
-            "generation": dg.MetadataValue.text(result.generation),
-            "duration_s": dg.MetadataValue.float(result.duration_s),
-            "frontier": dg.MetadataValue.json({str(p): o for p, o in result.frontier.items()}),
-        }
-        if result.applied_commit_lsn is not None:
-            metadata["last_applied_lsn"] = dg.MetadataValue.text(format_lsn(result.applied_commit_lsn))
-        if result.last_source_ts is not None:
-            commit = datetime.fromisoformat(result.last_source_ts)
-            commit = commit if commit.tzinfo else commit.replace(tzinfo=UTC)
-            metadata["last_source_commit"] = dg.MetadataValue.timestamp(commit)
-            metadata["freshness_lag_s"] = dg.MetadataValue.float((datetime.now(UTC) - commit).total_seconds())
-        yield dg.MaterializeResult(asset_key=current_asset_key(table), metadata=metadata)
+        yield dg.MaterializeResult(asset_key=key, metadata=current_metadata(result))
         if result.history is not None:
             yield dg.MaterializeResult(
                 asset_key=history_asset_key(table),
@@ -179,8 +254,95 @@ def build_current_asset(config: PlatformConfig, table: TableConfig) -> dg.Assets
                     "generation": dg.MetadataValue.text(result.generation),
                 },
             )
+        frame = spark.read.format("delta").load(current_path(config, table))
+        observed = observed_schema(config, table)
+        key_columns = list(observed.primary_key)
+        nullable = {c.name: c.nullable for c in observed.columns}
+        schema.pandera_errors = pandera_errors(frame, nullable, key_columns)
+        yield dg.AssetCheckResult(
+            asset_key=key,
+            check_name=SCHEMA_CHECK,
+            passed=schema.passed,
+            metadata=schema_check_metadata(schema),
+            description="; ".join(schema.pandera_errors[:5]) or None,
+        )
+        keys = check_keys(spark, frame, recent_changelog(spark, config, table), key_columns)
+        yield dg.AssetCheckResult(
+            asset_key=key,
+            check_name=KEYS_CHECK,
+            passed=keys.passed,
+            metadata={
+                "rows_checked": dg.MetadataValue.int(keys.rows),
+                "null_keys": dg.MetadataValue.int(keys.null_keys),
+                "duplicate_keys": dg.MetadataValue.int(keys.duplicate_keys),
+                "mismatches": dg.MetadataValue.int(keys.null_keys + keys.duplicate_keys),
+                "kafka_events_checked": dg.MetadataValue.int(keys.kafka_events_checked),
+                "kafka_key_mismatches": dg.MetadataValue.int(keys.kafka_key_mismatches),
+                "kafka_unstable_rows": dg.MetadataValue.int(keys.kafka_unstable_rows),
+                "sample_keys": dg.MetadataValue.json(keys.sample + keys.kafka_sample),
+            },
+        )
+        completeness = check_completeness(
+            spark, config, table, frame.drop(*POSITION_COLUMNS), result.frontier, result.applied_commit_lsn
+        )
+        yield dg.AssetCheckResult(
+            asset_key=key,
+            check_name=COMPLETENESS_CHECK,
+            passed=completeness.passed,
+            metadata={
+                "offsets_missing": dg.MetadataValue.int(completeness.offsets_missing),
+                "holes": dg.MetadataValue.json(completeness.holes[:10]),
+                "dead_letters": dg.MetadataValue.int(completeness.dead_letters),
+                "max_dead_letters_per_window": dg.MetadataValue.int(completeness.max_dead_letters_per_window),
+                "dead_letter_threshold": dg.MetadataValue.int(completeness.dead_letter_threshold),
+                "reconciled": dg.MetadataValue.bool(completeness.compared),
+                "reconcile_note": dg.MetadataValue.text(completeness.compare_note),
+                "rows_checked": dg.MetadataValue.int(completeness.current_rows),
+                "source_rows": dg.MetadataValue.int(completeness.source_rows),
+                "missing_rows": dg.MetadataValue.int(completeness.missing),
+                "extra_rows": dg.MetadataValue.int(completeness.extra),
+                "mismatches": dg.MetadataValue.int(completeness.missing + completeness.extra),
+                "sample_keys": dg.MetadataValue.json(completeness.sample),
+            },
+        )
 
     return current
+
+
+def current_metadata(result: CurrentResult) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "dagster/row_count": dg.MetadataValue.int(result.rows),
+        "rows": dg.MetadataValue.int(result.rows),
+        "changes_applied": dg.MetadataValue.int(result.changes_applied),
+        "rebuilt": dg.MetadataValue.bool(result.rebuilt),
+        "generation": dg.MetadataValue.text(result.generation),
+        "duration_s": dg.MetadataValue.float(result.duration_s),
+        "frontier": dg.MetadataValue.json({str(p): o for p, o in result.frontier.items()}),
+    }
+    if result.applied_commit_lsn is not None:
+        metadata["last_applied_lsn"] = dg.MetadataValue.text(format_lsn(result.applied_commit_lsn))
+    if result.last_source_ts is not None:
+        commit = datetime.fromisoformat(result.last_source_ts)
+        commit = commit if commit.tzinfo else commit.replace(tzinfo=UTC)
+        metadata["last_source_commit"] = dg.MetadataValue.timestamp(commit)
+        metadata["freshness_lag_s"] = dg.MetadataValue.float((datetime.now(UTC) - commit).total_seconds())
+    return metadata
+
+
+def schema_check_metadata(report: SchemaReport) -> dict[str, Any]:
+    change = report.change
+    return {
+        "schema_version": dg.MetadataValue.int(report.version),
+        "registered_new_version": dg.MetadataValue.bool(report.registered),
+        "compatibility": dg.MetadataValue.text(report.compatibility),
+        "change": dg.MetadataValue.text(change.summary() if change else "none"),
+        "incompatibilities": dg.MetadataValue.int(len(change.problems) if change else 0),
+        "offending_columns": dg.MetadataValue.json(
+            sorted({*change.added, *change.dropped, *(r.split(":")[0] for r in change.retyped)}) if change else []
+        ),
+        "pandera_errors": dg.MetadataValue.int(len(report.pandera_errors)),
+        "pandera_sample": dg.MetadataValue.json(report.pandera_errors[:5]),
+    }
 
 
 def changelog_asset_key(table: TableConfig) -> dg.AssetKey:
@@ -202,6 +364,7 @@ def build_changelog_asset(config: PlatformConfig, table: TableConfig) -> dg.Asse
         group_name=group_name(table),
         kinds={"spark", "delta", "kafka"},
         partitions_def=changelog_partitions(table),
+        retry_policy=RETRY_POLICY,
         deps=[source_asset_key(table)],
         description=(
             f"Change events of {table.key} from Kafka topic {config.topic_for(table)}, one partition per "
@@ -269,6 +432,7 @@ def build_snapshot_asset(config: PlatformConfig, table: TableConfig) -> dg.Asset
         group_name=group_name(table),
         kinds={"spark", "delta", "postgres"},
         partitions_def=generations_partitions(table),
+        retry_policy=RETRY_POLICY,
         deps=[source_asset_key(table)],
         description=(
             f"Snapshot generations of {table.key}: a consistent parallel read (Spark JDBC, one exported "
@@ -280,13 +444,23 @@ def build_snapshot_asset(config: PlatformConfig, table: TableConfig) -> dg.Asset
     )
     def snapshot(context: dg.AssetExecutionContext, pyspark: PySparkResource) -> dg.MaterializeResult[None]:
         generation = context.partition_key
+        reason = context.run.tags.get("cdc/reason", "manual")
+        if reason == "source_position_lost":
+            try:
+                context.log.info(prepare_new_slot(config, table.source))
+            except psycopg.OperationalError as exc:
+                raise dg.Failure(description=connection_failure(config, table, exc)) from None
         try:
             result = take_snapshot(pyspark.spark_session, config, table, generation, log_progress=context.log.info)
         except (SourceTableError, MissingSecretError, SnapshotError) as exc:
             raise dg.Failure(description=str(exc), allow_retries=False) from None
         except psycopg.OperationalError as exc:
             raise dg.Failure(description=connection_failure(config, table, exc)) from None
-        return dg.MaterializeResult(metadata=snapshot_metadata(result))
+        metadata = snapshot_metadata(result)
+        metadata["rehydration_reason"] = dg.MetadataValue.text(reason)
+        if "cdc/detail" in context.run.tags:
+            metadata["rehydration_detail"] = dg.MetadataValue.text(context.run.tags["cdc/detail"])
+        return dg.MaterializeResult(metadata=metadata)
 
     return snapshot
 
@@ -301,6 +475,7 @@ def snapshot_metadata(result: SnapshotResult) -> dict[str, Any]:
         "spark_partitions": dg.MetadataValue.int(result.spark_partitions),
         "watermark_lsn": dg.MetadataValue.text(format_lsn(result.watermark.lsn)),
         "watermark_lsn_int": dg.MetadataValue.int(result.watermark.lsn),
+        "watermark_taken_at": dg.MetadataValue.text(result.watermark.taken_at),
         "watermark_kafka_end_offsets": dg.MetadataValue.json(
             {str(p): o for p, o in result.watermark.kafka_end_offsets.items()}
         ),

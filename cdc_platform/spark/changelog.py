@@ -27,7 +27,7 @@ import psycopg
 from cdc_platform.capture.pg_catalog import describe_table, resolve_pg_types
 from cdc_platform.config import ErrorTolerance, PlatformConfig, TableConfig
 from cdc_platform.envelope.changes import LakeColumnSpec
-from cdc_platform.spark.snapshot import source_conninfo, table_root
+from cdc_platform.spark.snapshot import generation_info, list_generations, source_conninfo, table_root
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -106,8 +106,11 @@ def plan_window(
     end: datetime,
     recorded: dict[str, list[OffsetRange]],
     now: datetime | None = None,
+    floor: dict[int, int] | None = None,
 ) -> tuple[list[OffsetRange], bool]:
-    """The window's offset ranges, and whether they were already recorded."""
+    """The window's offset ranges, and whether they were already recorded. ``floor`` is the
+    latest generation's watermark (Kafka end offsets): offsets below it that Kafka no
+    longer has were needed only by older generations, so they are no hole."""
     from confluent_kafka import Consumer, TopicPartition
 
     key = window_key(start)
@@ -143,6 +146,8 @@ def plan_window(
                     f"window {key} of {table.key} is open: partition {p} has no record at or after "
                     f"{end.isoformat()} and the grace period ({table.changelog.grace_s:.0f} s) has not passed"
                 )
+            if first < low and (floor or {}).get(p, -1) >= low:
+                first = max(first, (floor or {})[p])  # rehydrated past the hole
             if first < low:
                 raise ChangelogGapError(
                     f"window {key} of {table.key}: {topic}[{p}] must start at offset {first}, but the earliest "
@@ -184,7 +189,10 @@ def materialize_window(
     started = time.monotonic()
     key = window_key(start)
     recorded = recorded_ranges(spark, config, table)
-    ranges, reused = plan_window(config, table, start, end, recorded)
+    generations = list_generations(spark, config, table)
+    watermark = generation_info(spark, f"{table_root(config, table)}/snapshot/{generations[-1]}") if generations else {}
+    floor = {int(p): int(o) for p, o in watermark.get("kafka_end_offsets", {}).items()}
+    ranges, reused = plan_window(config, table, start, end, recorded, floor=floor)
     columns = lake_columns(config, table)
     row_type = StructType([StructField(c.name, lake_type(c.pgtype, c.typmod, c.dims), True) for c in columns])
     spark.dataSource.register(KafkaRangeDataSource)
@@ -213,9 +221,10 @@ def materialize_window(
             )
         good = frame.where(F.col("error").isNull()).drop("error", "raw_key", "raw_value")
         condition = f"window_start = '{key}'"
-        good.write.format("delta").mode("overwrite").option("replaceWhere", condition).partitionBy("window_start").save(
-            changelog_path(config, table)
-        )
+        # mergeSchema: a column the source added (compatible change) joins the images
+        good.write.format("delta").mode("overwrite").option("replaceWhere", condition).option(
+            "mergeSchema", "true"
+        ).partitionBy("window_start").save(changelog_path(config, table))
         dead.select(
             "window_start", "kafka_partition", "kafka_offset", "kafka_timestamp", "error", "raw_key", "raw_value",
             F.lit(config.topic_for(table)).alias("topic"),

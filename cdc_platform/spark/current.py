@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.spark.changelog import OffsetRange, changelog_path, recorded_ranges
 from cdc_platform.spark.history import HistoryResult, apply_history, ensure_history_table, snapshot_events
-from cdc_platform.spark.snapshot import table_root
+from cdc_platform.spark.snapshot import generation_info, list_generations, table_root
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -69,27 +69,6 @@ def _deletes_path(config: PlatformConfig, table: TableConfig) -> str:
     return f"{table_root(config, table)}/current_deletes"
 
 
-def list_generations(spark: SparkSession, config: PlatformConfig, table: TableConfig) -> list[str]:
-    """Generation directories under snapshot/ (via Hadoop's FileSystem: local or object storage)."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    root = jvm.org.apache.hadoop.fs.Path(f"{table_root(config, table)}/snapshot")
-    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    if not fs.exists(root):
-        return []
-    return sorted(s.getPath().getName() for s in fs.listStatus(root) if s.isDirectory())
-
-
-def generation_info(spark: SparkSession, path: str) -> dict[str, Any]:
-    from delta.tables import DeltaTable
-
-    history = DeltaTable.forPath(spark, path).history().orderBy("version").collect()
-    for entry in reversed(history):
-        if entry["userMetadata"]:
-            return dict(json.loads(entry["userMetadata"]))
-    raise CurrentStateError(f"snapshot {path} has no watermark in its commit metadata; take a new generation")
-
-
 def _read_state(spark: SparkSession, config: PlatformConfig, table: TableConfig) -> dict[str, Any] | None:
     from delta.tables import DeltaTable
 
@@ -98,6 +77,28 @@ def _read_state(spark: SparkSession, config: PlatformConfig, table: TableConfig)
         return None
     row = spark.read.format("delta").load(path).first()
     return json.loads(row["state"]) if row else None
+
+
+def pending_generation(spark: SparkSession, config: PlatformConfig, table: TableConfig) -> tuple[str | None, bool]:
+    """(latest generation, whether the next apply rebuilds current from it)."""
+    generations = list_generations(spark, config, table)
+    if not generations:
+        return None, False
+    state = _read_state(spark, config, table)
+    return generations[-1], state is None or state.get("generation") != generations[-1]
+
+
+def _evolve(spark: SparkSession, path: str, batch: DataFrame) -> list[str]:
+    """Columns the source added (compatible change, already in the changelog's images) are
+    added to the target table; rows from before the change keep NULL in them."""
+    target = spark.read.format("delta").load(path)
+    have = set(target.columns)
+    after_type = batch.schema["after"].dataType
+    added = [f for f in after_type.fields if f.name not in have]  # type: ignore[attr-defined]
+    if added:
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in added)
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
+    return [f.name for f in added]
 
 
 def _write_state(spark: SparkSession, config: PlatformConfig, table: TableConfig, state: dict[str, Any]) -> None:
@@ -180,9 +181,12 @@ def apply_changes(spark: SparkSession, config: PlatformConfig, table: TableConfi
     if windows and new_frontier != frontier:
         batch = _batch(spark, config, table, windows, frontier, new_frontier, watermark_lsn).cache()
         try:
+            _evolve(spark, path, batch)
+            if history is not None:
+                _evolve(spark, history, batch)
             applied, max_commit, last_ts = _merge(spark, config, table, batch, _key_columns(table, info))
             if history is not None and applied:
-                columns = [c for c in spark.read.format("delta").load(snapshot).columns]
+                columns = [c for c in spark.read.format("delta").load(path).columns if c not in POSITION_COLUMNS]
                 more = apply_history(spark, history, batch, _key_columns(table, info), columns)
                 history_result = HistoryResult(
                     history_result.versions_opened + more.versions_opened,

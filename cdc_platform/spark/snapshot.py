@@ -304,3 +304,24 @@ def _read(
             for c in columns
         ]
     )
+
+
+def list_generations(spark: SparkSession, config: PlatformConfig, table: TableConfig) -> list[str]:
+    """Generation directories under snapshot/ (via Hadoop's FileSystem: local or object storage)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    root = jvm.org.apache.hadoop.fs.Path(f"{table_root(config, table)}/snapshot")
+    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(root):
+        return []
+    return sorted(s.getPath().getName() for s in fs.listStatus(root) if s.isDirectory())
+
+
+def generation_info(spark: SparkSession, path: str) -> dict[str, Any]:
+    from delta.tables import DeltaTable
+
+    history = DeltaTable.forPath(spark, path).history().orderBy("version").collect()
+    for entry in reversed(history):
+        if entry["userMetadata"]:
+            return dict(json.loads(entry["userMetadata"]))
+    raise SnapshotError(f"snapshot {path} has no watermark in its commit metadata; take a new generation")
