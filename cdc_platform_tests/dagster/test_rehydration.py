@@ -175,8 +175,10 @@ def test_each_trigger_starts_one_generation_and_current_follows(env: CaptureEnv,
         assert report.duplicate_keys == 1 and not report.passed
         h.current()  # no new changes; its keys check sees the duplicate
         assert not h.check_passed(KEYS_CHECK)
+        assert _downstream_requested(h) == 0  # blocked across runs, not only within one
         h.execute(h.expect("checks_failed"))
         assert h.current() and h.check_passed(KEYS_CHECK)
+        assert _downstream_requested(h) == 1
 
         # incompatible schema changes under BACKWARD: a narrowed type, a required column dropped
         for alter, offending in (
@@ -199,6 +201,23 @@ def test_each_trigger_starts_one_generation_and_current_follows(env: CaptureEnv,
             app.execute("ALTER TABLE items DROP COLUMN note")
         assert h.current() and h.check_passed(SCHEMA_CHECK)
         assert not h.tick().run_requests
+
+
+def _downstream_requested(h: Harness) -> int:
+    """How many runs declarative automation would start for a user's asset downstream of
+    current that waits for current's blocking checks (the documented condition)."""
+
+    @dg.asset(
+        key=["user", "items_report"],
+        deps=[current_asset_key(h.table)],
+        automation_condition=dg.AutomationCondition.missing()
+        & dg.AutomationCondition.all_deps_blocking_checks_passed(),
+    )
+    def items_report() -> None: ...
+
+    defs = dg.Definitions.merge(h.defs, dg.Definitions(assets=[items_report]))
+    result = dg.evaluate_automation_conditions(defs=defs, instance=h.instance)
+    return sum(1 for r in result.results if r.key == dg.AssetKey(["user", "items_report"]) and r.true_subset.size > 0)
 
 
 def _end_offsets(env: CaptureEnv) -> list[TopicPartition]:
