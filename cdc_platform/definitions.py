@@ -10,10 +10,19 @@ import dagster as dg
 from dagster_pyspark import PySparkResource
 
 from cdc_platform.config import PlatformConfig, load_config
-from cdc_platform.factories.table import build_table_definitions, source_asset_key
+from cdc_platform.factories.table import (
+    build_table_definitions,
+    current_asset_key,
+    history_asset_key,
+    source_asset_key,
+)
 from cdc_platform.resources import PostgresSourcesResource
 from cdc_platform.sensors import build_changelog_sensor, build_rehydration_sensor, cdc_run_failures
 from cdc_platform.spark.session import prepare_spark_environment, session_conf
+
+
+def current_keys(config: PlatformConfig) -> list[dg.AssetKey]:
+    return [k for t in config.tables for k in [current_asset_key(t), *([history_asset_key(t)] if t.history else [])]]
 
 
 def build_definitions(config: PlatformConfig) -> dg.Definitions:
@@ -29,7 +38,18 @@ def build_definitions(config: PlatformConfig) -> dg.Definitions:
         # starting a JVM per step
         executor=dg.in_process_executor,
         jobs=[observe_sources],
-        sensors=[build_changelog_sensor(config), build_rehydration_sensor(config), cdc_run_failures],
+        sensors=[
+            build_changelog_sensor(config),
+            build_rehydration_sensor(config),
+            cdc_run_failures,
+            dg.AutomationConditionSensorDefinition(
+                "current_state_automation",
+                target=dg.AssetSelection.assets(*current_keys(config)),
+                default_status=dg.DefaultSensorStatus.RUNNING,
+                minimum_interval_seconds=30,
+                description="Applies new generations and changelog windows to current (and history).",
+            ),
+        ],
         schedules=[
             dg.ScheduleDefinition(
                 name="observe_sources_every_5_minutes",

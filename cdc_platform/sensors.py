@@ -377,11 +377,20 @@ def failure_report(tags: dict[str, str], message: str) -> str:
     return f"run for {where} failed: {message}"
 
 
+def describe_failure(context: dg.RunFailureSensorContext) -> str:
+    steps = context.get_step_failure_events()
+    messages = []
+    for event in steps:
+        data = event.step_failure_data
+        if data.user_failure_data is not None and data.user_failure_data.description:
+            messages.append(data.user_failure_data.description)  # our dg.Failure: the message with the fix
+        else:
+            messages.append(str(data.error.message).strip() if data.error else "unknown error")
+    message = "; ".join(messages) or (context.failure_event.message or "run failed")
+    return failure_report(dict(context.dagster_run.tags), message)
+
+
 @dg.run_failure_sensor(name="cdc_run_failures", default_status=dg.DefaultSensorStatus.RUNNING)
 def cdc_run_failures(context: dg.RunFailureSensorContext) -> None:
     """Names the table and the reason of every failed run in the sensor's log."""
-    steps = context.get_step_failure_events()
-    message = "; ".join(
-        str(e.step_failure_data.error.message).strip() if e.step_failure_data.error else "unknown error" for e in steps
-    ) or (context.failure_event.message or "run failed")
-    context.log.error(failure_report(dict(context.dagster_run.tags), message))
+    context.log.error(describe_failure(context))

@@ -66,6 +66,12 @@ COMPLETENESS_CHECK = "completeness"
 RETRY_POLICY = dg.RetryPolicy(max_retries=3, delay=5, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 
 
+# current (and history) follow their inputs: a new generation or a new changelog window
+CURRENT_AUTOMATION = (
+    dg.AutomationCondition.any_deps_updated().since_last_handled() & ~dg.AutomationCondition.in_progress()
+).with_label("after a new generation or changelog window")
+
+
 def group_name(table: TableConfig) -> str:
     return f"{table.source}_{table.dagster_name}"
 
@@ -152,6 +158,7 @@ def build_current_asset(config: PlatformConfig, table: TableConfig) -> dg.Assets
             ),
             metadata={"lake_path": current_path(config, table)},
             tags={"cdc/source": table.source},
+            automation_condition=CURRENT_AUTOMATION,
         )
     ]
     if table.history:
@@ -168,6 +175,7 @@ def build_current_asset(config: PlatformConfig, table: TableConfig) -> dg.Assets
                 ),
                 metadata={"lake_path": history_path(config, table)},
                 tags={"cdc/source": table.source},
+                automation_condition=CURRENT_AUTOMATION,
             )
         )
 

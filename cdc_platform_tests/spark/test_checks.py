@@ -105,3 +105,33 @@ def test_completeness_finds_holes_and_lost_rows(env: CaptureEnv, spark: Any) -> 
         report = check_completeness(spark, config, table, lossy, result.frontier, result.applied_commit_lsn)
     assert not report.passed and report.compared and report.missing == 1 and report.extra == 0
     assert report.sample == ['missing {"id": 7}']
+
+
+def test_keys_check_finds_foreign_kafka_keys(env: CaptureEnv, spark: Any) -> None:
+    from confluent_kafka import Producer
+
+    from cdc_platform.spark.checks import check_keys, recent_changelog
+
+    config = env.config
+    table = config.table(f"cap.{env.schema}.items")
+    env.run_until_caught_up()  # the slot exists before the changes
+    t0 = _now() - timedelta(seconds=1)
+    with env.app() as app:
+        app.execute("INSERT INTO items SELECT g, 'k' || g FROM generate_series(1, 10) g")
+    env.run_until_caught_up()
+    take_snapshot(spark, config, table, "g1")
+    [original] = [m for m in env.consume(["items"]) if m.value and m.envelope["after"]["id"] == 5]
+    # another producer keys the same row differently (an extra field): not the primary key,
+    # and not the same bytes as capture's key for that row
+    producer = Producer({"bootstrap.servers": env.profile.kafka_bootstrap})
+    producer.produce(env.topic("items"), original.value, key=b'{"id": 5, "tenant": 1}', partition=original.partition)
+    assert producer.flush(10) == 0
+    time.sleep(1.1)
+    materialize_window(spark, config, table, t0, _now())
+    apply_changes(spark, config, table)
+    current = spark.read.format("delta").load(current_path(config, table))
+    report = check_keys(spark, current, recent_changelog(spark, config, table), ["id"])
+    assert (report.null_keys, report.duplicate_keys) == (0, 0)
+    assert report.kafka_events_checked == 11
+    assert (report.kafka_key_mismatches, report.kafka_unstable_rows) == (1, 1)
+    assert any('"tenant":1' in s for s in report.kafka_sample) and not report.passed

@@ -1,0 +1,40 @@
+"""Failure handling on a real instance: a fatal error fails once (no retry) with the fix
+in its message, and the run-failure sensor names the table and the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from cdc_platform.config import load_config
+from cdc_platform.orchestration import start_generations
+from cdc_platform.sensors import describe_failure
+from cdc_platform_tests.conftest import write_config
+
+pytestmark = pytest.mark.integration
+
+
+def test_fatal_failure_is_not_retried_and_is_reported(demo_db: Any, spark: Any, tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path / "c.yaml", demo_db, "  - name: shop.public.no_such_table\n"))
+    with dg.instance_for_test() as instance:
+        [run] = start_generations(config, config.tables, reason="manual", instance=instance)
+        assert not run.success
+        dagster_run = instance.get_run_by_id(run.run_id)
+        assert dagster_run is not None
+        steps = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
+        assert len(steps) == 1  # fatal: failed once, no retry
+        assert not instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_UP_FOR_RETRY)
+        [failure] = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+        assert failure.dagster_event is not None
+        context = dg.build_run_status_sensor_context(
+            sensor_name="cdc_run_failures",
+            dagster_instance=instance,
+            dagster_run=dagster_run,
+            dagster_event=failure.dagster_event,
+        ).for_run_failure()
+        report = describe_failure(context)
+    assert report.startswith("run for shop.public.no_such_table (rehydration: manual) failed: table public.no_such")
+    assert "does not exist" in report and "fix the name in the config or create the table" in report
