@@ -96,6 +96,15 @@ def _parser() -> argparse.ArgumentParser:
     reh.add_argument("--config")
     reh.set_defaults(func=_rehydrate)
 
+    ver = sub.add_parser(
+        "verify", help="wait until current has applied the source's position, then compare it row by row"
+    )
+    ver.add_argument("tables", nargs="*", help="source.schema.table … (default: every table)")
+    ver.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for capture and current")
+    ver.add_argument("--rounds", type=int, default=3, help="re-checks of differences while the source moves")
+    ver.add_argument("--config")
+    ver.set_defaults(func=_verify)
+
     cur = sub.add_parser("current", help="apply the changelog to tables' current state (a Dagster run each)")
     cur.add_argument("tables", nargs="*", help="source.schema.table … (or --all)")
     cur.add_argument("--all", action="store_true", help="every configured table")
@@ -245,6 +254,21 @@ def _rehydrate(args: argparse.Namespace) -> int:
         print(f"{table}: current {'rebuilt' if success else 'FAILED (see the run in the Dagster UI)'} (run {run_id})")
         failed += not success
     return 1 if failed else 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from cdc_platform.spark.session import get_spark_session
+    from cdc_platform.spark.verify import format_verdicts, verify_table
+
+    config = load_config(args.config)
+    tables = _selected_tables(config, args.tables, not args.tables)
+    spark = get_spark_session(config.spark, "cdc_platform_verify")
+    verdicts = [
+        verify_table(spark, config, t, args.timeout, args.rounds, log=lambda m: print(m, file=sys.stderr))
+        for t in tables
+    ]
+    print(format_verdicts(verdicts))
+    return 0 if all(v.ok for v in verdicts) else 1
 
 
 def _selected_tables(config: PlatformConfig, names: list[str], all_tables: bool) -> list[TableConfig]:

@@ -46,6 +46,11 @@ class SourceTable:
     def qualified(self) -> str:
         return f"{self.schema}.{self.name}"
 
+    @property
+    def sql_name(self) -> str:
+        """The name as SQL needs it in a suggested fix ("Order Items" stays quoted)."""
+        return ".".join('"' + part.replace('"', '""') + '"' for part in (self.schema, self.name))
+
     def schema_hash(self) -> str:
         """Stable hash of the column list (names, types, nullability) and key."""
         payload = json.dumps(
@@ -142,13 +147,13 @@ def resolve_key(source_table: SourceTable, configured: list[str] | None, config_
         if not source_table.primary_key and source_table.replica_identity != "full":
             raise SourceTableError(
                 f"{source_table.qualified} has no primary key, so a configured key needs whole old rows: "
-                f"run ALTER TABLE {source_table.qualified} REPLICA IDENTITY FULL"
+                f"run ALTER TABLE {source_table.sql_name} REPLICA IDENTITY FULL"
             )
         return tuple(configured)
     if not source_table.primary_key:
         raise SourceTableError(
             f"{source_table.qualified} has no primary key; add one, or name key columns in "
-            f"{config_field} (and ALTER TABLE {source_table.qualified} REPLICA IDENTITY FULL)"
+            f"{config_field} (and ALTER TABLE {source_table.sql_name} REPLICA IDENTITY FULL)"
         )
     return source_table.primary_key
 

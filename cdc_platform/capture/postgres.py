@@ -237,7 +237,7 @@ class PostgresCapture:
                 if described.replica_identity == "nothing":
                     raise FatalCaptureError(
                         f"{described.qualified} has REPLICA IDENTITY NOTHING: updates and deletes cannot be "
-                        f"captured; run ALTER TABLE {described.qualified} REPLICA IDENTITY DEFAULT (or FULL)"
+                        f"captured; run ALTER TABLE {described.sql_name} REPLICA IDENTITY DEFAULT (or FULL)"
                     )
                 if described.replica_identity != "full":
                     log.warning(
@@ -245,7 +245,7 @@ class PostgresCapture:
                         "only the key columns; for whole old rows run ALTER TABLE %s REPLICA IDENTITY FULL",
                         described.qualified,
                         described.replica_identity.upper(),
-                        described.qualified,
+                        described.sql_name,
                     )
                 self._keys[(table.schema_name, table.table_name)] = key
             self._ensure_publication(conn)

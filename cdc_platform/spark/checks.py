@@ -343,7 +343,7 @@ def _reconcile(
                     f"{label} {json.dumps({k: _plain(r[k]) for k in keys})}" for r in frame.limit(SAMPLE).collect()
                 ]
     finally:
-        _remove(spark, scratch_root)
+        remove_path(spark, scratch_root)
 
 
 def _wait_for_capture(config: PlatformConfig, table: TableConfig, wait_s: float = 15.0) -> tuple[int, int]:
@@ -368,7 +368,7 @@ def _wait_for_capture(config: PlatformConfig, table: TableConfig, wait_s: float 
             time.sleep(0.5)
 
 
-def _remove(spark: SparkSession, path: str) -> None:
+def remove_path(spark: SparkSession, path: str) -> None:
     if "://" not in path or path.startswith("file:"):
         shutil.rmtree(path.removeprefix("file:"), ignore_errors=True)
         return

@@ -101,6 +101,11 @@ def _evolve(spark: SparkSession, path: str, batch: DataFrame) -> list[str]:
     return [f.name for f in added]
 
 
+def current_state(spark: SparkSession, config: PlatformConfig, table: TableConfig) -> dict[str, Any] | None:
+    """What current has applied (generation, frontier per Kafka partition, last LSN), or None."""
+    return _read_state(spark, config, table)
+
+
 def _write_state(spark: SparkSession, config: PlatformConfig, table: TableConfig, state: dict[str, Any]) -> None:
     spark.createDataFrame([(json.dumps(state),)], "state string").write.format("delta").mode("overwrite").save(
         _state_path(config, table)

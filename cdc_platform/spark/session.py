@@ -74,6 +74,9 @@ def session_conf(spark: SparkConfig) -> dict[str, str]:
         # Delta rebuilds table state with this many tasks; 50 (its default) is all overhead locally
         "spark.databricks.delta.snapshotPartitions": "4",
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
+        # source column names may hold spaces and other characters Parquet/Delta refuse
+        # ("Order Id"): every table the platform creates maps columns by name
+        "spark.databricks.delta.properties.defaults.columnMapping.mode": "name",
         # Python workers (the changelog's Kafka data source) run the driver's interpreter,
         # i.e. the project's venv, not whatever python3 is first on PATH
         "spark.pyspark.python": sys.executable,

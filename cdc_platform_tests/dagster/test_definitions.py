@@ -150,13 +150,13 @@ def _profile(config_path: Path) -> StackProfile:
             "CREATE TABLE IF NOT EXISTS no_key_t (a int, b text)",
             "  - name: shop.public.no_key_t",
             "public.no_key_t has no primary key; add one, or name key columns in "
-            "tables[shop.public.no_key_t].primary_key (and ALTER TABLE public.no_key_t REPLICA IDENTITY FULL)",
+            'tables[shop.public.no_key_t].primary_key (and ALTER TABLE "public"."no_key_t" REPLICA IDENTITY FULL)',
         ),
         (
             "CREATE TABLE IF NOT EXISTS no_key_default_identity (a int, b text)",
             "  - name: shop.public.no_key_default_identity\n    primary_key: [a]",
             "public.no_key_default_identity has no primary key, so a configured key needs whole old rows: "
-            "run ALTER TABLE public.no_key_default_identity REPLICA IDENTITY FULL",
+            'run ALTER TABLE "public"."no_key_default_identity" REPLICA IDENTITY FULL',
         ),
         (
             None,
