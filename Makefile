@@ -5,7 +5,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 export DAGSTER_HOME := $(CURDIR)
 
-.PHONY: help bootstrap demo demo-detached test bench down status
+.PHONY: help bootstrap demo demo-detached test bench down status screenshot
 
 help:
 	@echo "make demo    # stack + demo workload + Dagster UI on http://127.0.0.1:3000"
@@ -27,6 +27,9 @@ test: bootstrap
 
 bench: bootstrap
 	@bash scripts/bench.sh
+
+screenshot:  # the README's picture of the running demo UI (make demo-detached first)
+	@.venv/bin/cdc-platform demo screenshot --out docs/demo-ui.png
 
 status:
 	@.venv/bin/cdc-platform dev status --profile dev

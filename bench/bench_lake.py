@@ -39,7 +39,9 @@ from cdc_platform.spark.snapshot import source_conninfo, take_snapshot
 TABLE = "bench_lake_rows"
 
 
-def prepare(rows: int, tag: str) -> PlatformConfig:
+def prepare(rows: int, tag: str, changelog: dict[str, object] | None = None) -> PlatformConfig:
+    """A ``rows``-row table ``TABLE`` in the dev stack with its own publication, slot and
+    topic prefix (``tag``), and a config holding just that table."""
     prof = profile("dev")
     stack_up(prof)
     load_stack_env(prof)
@@ -62,7 +64,7 @@ def prepare(rows: int, tag: str) -> PlatformConfig:
         update={"slot_name": f"bench_{tag}", "publication": f"bench_{tag}", "topic_prefix": f"bench{tag}"}
     )
     lake = base.lake.model_copy(update={"root": tempfile.mkdtemp(prefix="bench_lake_")})
-    table = TableConfig(name=f"shop.public.{TABLE}", changelog={"grace_s": 0})  # type: ignore[arg-type]
+    table = TableConfig(name=f"shop.public.{TABLE}", changelog=changelog or {"grace_s": 0})  # type: ignore[arg-type]
     return base.model_copy(update={"sources": {"shop": shop}, "tables": [table], "lake": lake})
 
 

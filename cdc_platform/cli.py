@@ -117,6 +117,12 @@ def _parser() -> argparse.ArgumentParser:
     setup.add_argument("--profile", default="dev")
     setup.add_argument("--pgbench-scale", type=int, default=1)
     setup.set_defaults(func=_demo_setup)
+    shot = demo_sub.add_parser("screenshot", help="a PNG of the running demo UI (headless chromium)")
+    shot.add_argument(
+        "--url", default="http://127.0.0.1:3000/locations/cdc_platform/asset-groups/shop_customers/lineage"
+    )
+    shot.add_argument("--out", default="docs/demo-ui.png")
+    shot.set_defaults(func=_demo_screenshot)
     load = demo_sub.add_parser("load", help="run the shop OLTP workload (inserts, updates, deletes)")
     load.add_argument("--profile", default="dev")
     load.add_argument("--rate", type=float, default=10.0, help="transactions per second")
@@ -289,6 +295,19 @@ def _current(args: argparse.Namespace) -> int:
         print(f"{table}: {'applied' if success else 'FAILED (see the run in the Dagster UI)'} (run {run_id})")
         failed += not success
     return 1 if failed else 0
+
+
+def _demo_screenshot(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from cdc_platform.devstack.screenshot import ScreenshotError, capture_page
+
+    try:
+        capture_page(args.url, Path(args.out))
+    except ScreenshotError as exc:
+        raise CliError(str(exc)) from None
+    print(f"wrote {args.out}")
+    return 0
 
 
 def _demo_setup(args: argparse.Namespace) -> int:

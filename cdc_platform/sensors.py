@@ -75,8 +75,18 @@ def generation_facts(instance: dg.DagsterInstance, table: TableConfig) -> Genera
         record.storage_id,
         record.timestamp,
         {int(p): int(o) for p, o in cast(dict[str, int], offsets.value if offsets else {}).items()},
-        datetime.fromisoformat(str(taken.value)) if taken else None,
+        datetime.fromisoformat(str(taken.value)) if taken else _generation_time(materialization.partition),
     )
+
+
+def _generation_time(generation: str | None) -> datetime | None:
+    """Generations named by ``new_generation_key`` (gYYYYMMDDTHHMMSSZ) were requested just
+    before their watermark: a safe start for changelog windows when the watermark time is
+    not in the metadata (generations from before it was recorded)."""
+    try:
+        return datetime.strptime(generation or "", "g%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
 
 
 def recorded_window_ranges(

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian machine, and nothing twice:
-#   - Debian packages: PostgreSQL server (logical decoding, pgbench), Java 17, Maven;
+#   - Debian packages: PostgreSQL server (logical decoding, pgbench), Java 17, Maven, chromium;
 #   - a Python 3.11 venv in .venv with the pinned project and dev tools;
 #   - the JVM jars (Kafka broker, Spark-side Delta/Kafka connectors) resolved by mvn
 #     from the pinned poms in stack/jvm/ into .cdc/jars/ (ignored by git).
@@ -21,6 +21,8 @@ compgen -G "/usr/lib/postgresql/*/bin/pgbench" >/dev/null || need_apt+=(postgres
 command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need_apt+=(maven)
 command -v curl >/dev/null || need_apt+=(curl)
+# the UI screenshot test drives Debian's chromium headless (never a downloaded browser)
+command -v chromium >/dev/null || need_apt+=(chromium)
 command -v python3.11 >/dev/null || need_apt+=(python3.11 python3.11-venv)
 if ((${#need_apt[@]})); then
   say "installing Debian packages: ${need_apt[*]}"

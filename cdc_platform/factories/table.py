@@ -248,7 +248,7 @@ def build_current_asset(config: PlatformConfig, table: TableConfig) -> dg.Assets
             )
         try:
             result = apply_changes(spark, config, table)
-        except CurrentStateError as exc:
+        except (CurrentStateError, SnapshotError) as exc:
             raise dg.Failure(description=str(exc), allow_retries=False) from None
         if result.waiting_for:
             context.log.warning(f"{table.key}: waiting for changelog windows: {', '.join(result.waiting_for)}")
@@ -390,7 +390,7 @@ def build_changelog_asset(config: PlatformConfig, table: TableConfig) -> dg.Asse
             raise dg.Failure(description=str(exc)) from None  # retriable: it closes with time
         except ChangelogGapError as exc:
             raise dg.Failure(description=str(exc), metadata={"reason": exc.reason}, allow_retries=False) from None
-        except (DeadLetterError, SourceTableError, MissingSecretError) as exc:
+        except (DeadLetterError, SourceTableError, MissingSecretError, SnapshotError) as exc:
             raise dg.Failure(description=str(exc), allow_retries=False) from None
         context.log.info(f"{table.key} window {result.window_start}: {result.rows} events {result.events}")
         return dg.MaterializeResult(metadata=changelog_metadata(result))
