@@ -18,6 +18,36 @@ from cdc_platform.devstack.stack import load_stack_env
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def _files_holding(roots: list[Path], secrets: list[bytes], skip: set[Path]) -> list[str]:
+    found = []
+    for root in roots:
+        for path in root.rglob("*") if root.exists() else []:
+            try:
+                if path in skip or not path.is_file() or path.stat().st_size > 64_000_000:
+                    continue
+                data = path.read_bytes()
+            except OSError:
+                continue
+            found += [f"{path} holds secret #{i}" for i, secret in enumerate(secrets) if secret in data]
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_secret_in_anything_the_suite_wrote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """After every test: the stack's passwords appear in no file the suite produced —
+    Dagster instances (runs, events, compute logs), lakes, configs, service and process
+    logs — except the 0600 secrets file the stack keeps them in."""
+    yield
+    from cdc_platform.devstack.postgres import PASSWORD_ENVS
+
+    secrets = [os.environ[name].encode() for name in PASSWORD_ENVS.values() if os.environ.get(name)]
+    if not secrets:
+        return  # no stack was used (unit tests only)
+    profile = PROFILES["test"]
+    leaks = _files_holding([tmp_path_factory.getbasetemp(), profile.logs], secrets, skip={profile.env_file})
+    assert not leaks, "a password was written where it must never be:\n" + "\n".join(leaks[:20])
+
+
 @pytest.fixture(scope="session")
 def stack() -> Iterator[StackProfile]:
     profile = PROFILES["test"]

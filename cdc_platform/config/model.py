@@ -178,10 +178,11 @@ class KafkaConfig(_Strict):
                 )
         return value
 
-    def client_config(self) -> dict[str, str | int | float | bool]:
-        """librdkafka config with secrets resolved. Never log or return this to a UI."""
+    def client_config(self, resolve_secrets: bool = True) -> dict[str, str | int | float | bool]:
+        """librdkafka config with secrets resolved (unless ``resolve_secrets=False``: then
+        without them). Never log or return this to a UI."""
         config: dict[str, str | int | float | bool] = {"bootstrap.servers": self.bootstrap_servers, **self.options}
-        for key, env_var in self.secret_options_env.items():
+        for key, env_var in self.secret_options_env.items() if resolve_secrets else ():
             config[key] = read_secret(env_var, f"kafka.secret_options_env.{key}").get_secret_value()
         return config
 

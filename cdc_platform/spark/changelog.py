@@ -177,6 +177,19 @@ def lake_columns(config: PlatformConfig, table: TableConfig) -> list[LakeColumnS
     return [LakeColumnSpec(c.name, types[c.type_oid], c.type_modifier, c.dims) for c in described.columns]
 
 
+def source_options(config: PlatformConfig, table: TableConfig) -> dict[str, str]:
+    """The Kafka range source's options: client settings (TLS/SASL included) without the
+    secrets, which the workers read from their environment by name."""
+    secret_keys = set(config.kafka.secret_options_env)
+    client = {k: v for k, v in config.kafka.client_config(resolve_secrets=False).items() if k not in secret_keys}
+    return {
+        "topic": config.topic_for(table),
+        "client_config": json.dumps(client),
+        "secret_options_env": json.dumps(config.kafka.secret_options_env),
+        "decimal_handling": config.sources[table.source].decimal_handling,
+    }
+
+
 def materialize_window(
     spark: SparkSession, config: PlatformConfig, table: TableConfig, start: datetime, end: datetime
 ) -> WindowResult:
@@ -196,16 +209,12 @@ def materialize_window(
     columns = lake_columns(config, table)
     row_type = StructType([StructField(c.name, lake_type(c.pgtype, c.typmod, c.dims), True) for c in columns])
     spark.dataSource.register(KafkaRangeDataSource)
-    client = {k: v for k, v in config.kafka.client_config().items() if k not in config.kafka.secret_options_env}
     frame = (
         spark.read.format("cdc_kafka_range")
         .schema(change_schema(row_type))
-        .option("topic", config.topic_for(table))
+        .options(**source_options(config, table))
         .option("ranges", json.dumps([[r.partition, r.start, r.end] for r in ranges]))
         .option("columns", columns_option(columns))
-        .option("client_config", json.dumps(client))
-        .option("secret_options_env", json.dumps(config.kafka.secret_options_env))
-        .option("decimal_handling", config.sources[table.source].decimal_handling)
         .load()
         .withColumn("window_start", F.lit(key))
     ).cache()

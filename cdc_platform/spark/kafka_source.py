@@ -153,11 +153,7 @@ class KafkaRangeReader(DataSourceReader):
         ]
         names = [c.name for c in columns]
         decimal_handling = options.get("decimal_handling", "precise")
-        config: dict[str, Any] = json.loads(options["client_config"])
-        for key, env_var in json.loads(options.get("secret_options_env", "{}")).items():
-            config[key] = os.environ[env_var]
-        config.update({"group.id": "cdc_platform_changelog", "enable.auto.commit": False, "auto.offset.reset": "error"})
-        consumer = Consumer(config)
+        consumer = Consumer(consumer_config(options))
         topic = options["topic"]
         try:
             consumer.assign([TopicPartition(topic, partition.partition, partition.start)])
@@ -189,6 +185,16 @@ class KafkaRangeReader(DataSourceReader):
                     )
         finally:
             consumer.close()
+
+
+def consumer_config(options: dict[str, str]) -> dict[str, Any]:
+    """The worker's librdkafka config: the options as configured (TLS/SASL included), and
+    secrets read from the worker's environment, so they never travel in Spark's plan."""
+    config: dict[str, Any] = json.loads(options["client_config"])
+    for key, env_var in json.loads(options.get("secret_options_env", "{}")).items():
+        config[key] = os.environ[env_var]
+    config.update({"group.id": "cdc_platform_changelog", "enable.auto.commit": False, "auto.offset.reset": "error"})
+    return config
 
 
 def _arrow_batch(pa: Any, schema: Any, rows: list[tuple[Any, ...]]) -> Any:

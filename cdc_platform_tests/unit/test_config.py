@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -188,6 +189,20 @@ def test_secrets_resolve_from_env_and_never_show_in_reprs(tmp_path: Path, monkey
     for shown in (repr(config), str(config), config.model_dump_json(), repr(password), str(password)):
         assert "pg-secret-value" not in shown
         assert "kafka-secret-value" not in shown
+    # the changelog's Spark source: TLS/SASL options travel in its options, the secret by
+    # name only; each worker builds its consumer config with the secret from its environment
+    from cdc_platform.spark.changelog import source_options
+    from cdc_platform.spark.kafka_source import consumer_config
+
+    options = source_options(config, config.tables[0])
+    assert "kafka-secret-value" not in json.dumps(options)
+    worker = consumer_config(options)
+    assert (worker["security.protocol"], worker["sasl.mechanism"], worker["sasl.username"]) == (
+        "SASL_SSL",
+        "SCRAM-SHA-512",
+        "u",
+    )
+    assert worker["sasl.password"] == "kafka-secret-value"
 
 
 def test_missing_secret_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
