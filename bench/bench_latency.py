@@ -108,13 +108,15 @@ def main() -> None:
             if time.time() > writing_until:
                 stop_writing.set()
             # what the changelog sensor + current automation do: closed windows, then apply
-            due = [
-                k
-                for k in partitions_def.get_partition_keys(current_time=now)
-                if k not in done_windows
-                and partitions_def.time_window_for_partition_key(k).end > started
-                and now.timestamp() >= partitions_def.time_window_for_partition_key(k).end.timestamp() + args.grace
-            ]
+            due = []
+            key = partitions_def.get_partition_key_for_timestamp(started.timestamp())
+            while key is not None:
+                window = partitions_def.time_window_for_partition_key(key)
+                if now.timestamp() < window.end.timestamp() + args.grace:
+                    break
+                if key not in done_windows:
+                    due.append(key)
+                key = partitions_def.get_next_partition_key(key)
             for key in due:
                 window = partitions_def.time_window_for_partition_key(key)
                 materialize_window(spark, config, table, window.start, window.end)

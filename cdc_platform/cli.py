@@ -105,6 +105,20 @@ def _parser() -> argparse.ArgumentParser:
     ver.add_argument("--config")
     ver.set_defaults(func=_verify)
 
+    faults = sub.add_parser("faults", help="fault injection under a steady workload, then verify (bounded)")
+    faults.add_argument("--profile", default="dev", help="the local stack to break (dev or test)")
+    faults.add_argument(
+        "--faults",
+        default="all",
+        help="comma-separated: capture_kill, broker_restart, postgres_restart, spark_kill, bad_records, "
+        "retention (or all)",
+    )
+    faults.add_argument("--capture-kills", type=int, default=3, help="SIGKILLs of capture in its fault")
+    faults.add_argument("--rate", type=float, default=20.0, help="shop workload transactions per second")
+    faults.add_argument("--seed", type=int, default=1)
+    faults.add_argument("--workdir", default=".cdc/faults", help="config, lake and logs of the run")
+    faults.set_defaults(func=_faults)
+
     cur = sub.add_parser("current", help="apply the changelog to tables' current state (a Dagster run each)")
     cur.add_argument("tables", nargs="*", help="source.schema.table … (or --all)")
     cur.add_argument("--all", action="store_true", help="every configured table")
@@ -275,6 +289,31 @@ def _verify(args: argparse.Namespace) -> int:
     ]
     print(format_verdicts(verdicts))
     return 0 if all(v.ok for v in verdicts) else 1
+
+
+def _faults(args: argparse.Namespace) -> int:
+    import shutil
+    from pathlib import Path
+
+    from cdc_platform.config.model import SparkConfig
+    from cdc_platform.faults import FAULTS, FaultSuite, format_results
+    from cdc_platform.spark.session import get_spark_session
+
+    chosen = list(FAULTS) if args.faults == "all" else [f.strip() for f in args.faults.split(",")]
+    unknown = [f for f in chosen if f not in FAULTS]
+    if unknown:
+        raise CliError(f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
+    workdir = Path(args.workdir)
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    suite = FaultSuite(_profile(args.profile), workdir, get_spark_session(SparkConfig()), args.rate, args.seed)
+    try:
+        suite.setup()
+        results = suite.run(chosen, capture_kills=args.capture_kills)
+    finally:
+        suite.teardown()
+    print(format_results(results))
+    return 0 if all(r.recovered for r in results) else 1
 
 
 def _selected_tables(config: PlatformConfig, names: list[str], all_tables: bool) -> list[TableConfig]:

@@ -312,22 +312,24 @@ def closed_windows(
     config: PlatformConfig, table: TableConfig, after: str | None, first_time: datetime | None, now: datetime
 ) -> Iterator[str]:
     """Keys of closed windows after the window ``after`` (or from the one holding
-    ``first_time``), in order, stopping at the first open one."""
+    ``first_time``), in order, stopping at the first open one. Walks forward from there
+    (never lists every partition since ``changelog.start``: minute windows make many)."""
     partitions = changelog_partitions(table)
-    keys = partitions.get_partition_keys(current_time=now)
     if after is not None:
-        keys = [k for k in keys if k > after]
+        key = partitions.get_next_partition_key(after)
     elif first_time is not None:
-        holding = partitions.get_partition_key_for_timestamp(first_time.timestamp())
-        keys = [k for k in keys if k >= holding]
+        key = partitions.get_partition_key_for_timestamp(first_time.timestamp())
     else:
         return
     grace = timedelta(seconds=table.changelog.grace_s)
-    for key in keys:
+    while key is not None:
         window = partitions.time_window_for_partition_key(key)
+        if window.end > now:
+            return  # not over yet
         if now < window.end + grace and not partitions_past(config, config.topic_for(table), window.end):
             return
         yield key
+        key = partitions.get_next_partition_key(key)
 
 
 def build_changelog_sensor(config: PlatformConfig) -> dg.SensorDefinition:
