@@ -5,7 +5,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 export DAGSTER_HOME := $(CURDIR)
 
-.PHONY: help bootstrap demo demo-detached test bench down status screenshot
+.PHONY: help bootstrap demo demo-detached test bench down status screenshot faults
 
 help:
 	@echo "make demo    # stack + demo workload + Dagster UI on http://127.0.0.1:3000"
@@ -27,6 +27,10 @@ test: bootstrap
 
 bench: bootstrap
 	@bash scripts/bench.sh
+
+faults: bootstrap  # fault injection on the dev stack under a steady workload, then verify (~10 min)
+	@.venv/bin/cdc-platform dev up --profile dev >/dev/null
+	@.venv/bin/cdc-platform faults --profile dev
 
 screenshot:  # the README's picture of the running demo UI (make demo-detached first)
 	@.venv/bin/cdc-platform demo screenshot --out docs/demo-ui.png
