@@ -68,6 +68,33 @@ def prepare(rows: int, tag: str, changelog: dict[str, object] | None = None) -> 
     return base.model_copy(update={"sources": {"shop": shop}, "tables": [table], "lake": lake})
 
 
+def cleanup(config: PlatformConfig, tag: str) -> None:
+    """Remove what ``prepare`` made: the slot (a forgotten one pins WAL), publication,
+    table and topics. Ends a capture still holding the slot first."""
+    with LocalPostgres(profile("dev")).admin_connect("shop") as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+            "WHERE slot_name = %s AND active_pid IS NOT NULL",
+            (f"bench_{tag}",),
+        )
+        for _ in range(20):
+            if not admin.execute(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active_pid IS NOT NULL", (f"bench_{tag}",)
+            ).fetchone():
+                break
+            time.sleep(0.25)
+        admin.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+            (f"bench_{tag}",),
+        )
+        admin.execute(f"DROP PUBLICATION IF EXISTS bench_{tag}")
+        admin.execute(f"DROP TABLE IF EXISTS {TABLE}")
+    admin_client = AdminClient(config.kafka.client_config())
+    doomed = [t for t in admin_client.list_topics(timeout=10).topics if f"bench{tag}" in t]
+    for future in admin_client.delete_topics(doomed).values() if doomed else []:
+        future.result(timeout=30)
+
+
 def copy_floor(config: PlatformConfig, table: TableConfig) -> tuple[int, float]:
     started = time.perf_counter()
     size = 0
@@ -109,7 +136,6 @@ def main() -> None:
     config = prepare(args.rows, tag)
     table = config.tables[0]
     spark = get_spark_session(SparkConfig(master="local[*]"))
-    pg = LocalPostgres(profile("dev"))
     try:
         take_snapshot(spark, config, table, "warmup")  # JVM, JDBC and Delta paths warm
         copy_bytes, copy_s = copy_floor(config, table)
@@ -133,17 +159,7 @@ def main() -> None:
         changelog_s = time.perf_counter() - started
         consumed, consume_s = consume_floor(config, table, window.ranges)
     finally:
-        with pg.admin_connect("shop") as admin:
-            admin.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
-                (f"bench_{tag}",),
-            )
-            admin.execute(f"DROP PUBLICATION IF EXISTS bench_{tag}")
-            admin.execute(f"DROP TABLE IF EXISTS {TABLE}")
-        admin_client = AdminClient(config.kafka.client_config())
-        doomed = [t for t in admin_client.list_topics(timeout=10).topics if f"bench{tag}" in t]
-        for future in admin_client.delete_topics(doomed).values() if doomed else []:
-            future.result(timeout=30)
+        cleanup(config, tag)
 
     print(f"\nsnapshot of {result.rows} rows (same run; floor = COPY TO STDOUT of the same table)")
     print(

@@ -22,13 +22,11 @@ from datetime import UTC, datetime
 
 import bench_lake
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from cdc_platform.capture.postgres import CaptureOptions, PostgresCapture
 from cdc_platform.config.model import SparkConfig
 from cdc_platform.demo.workload import app_connect
 from cdc_platform.devstack import profile
-from cdc_platform.devstack.postgres import LocalPostgres
 from cdc_platform.factories.table import changelog_partitions
 from cdc_platform.spark.changelog import materialize_window
 from cdc_platform.spark.current import apply_changes, current_path
@@ -138,24 +136,7 @@ def main() -> None:
         stop_writing.set()
         stop_all.set()
         capture.stop()
-        time.sleep(1)
-        with LocalPostgres(profile("dev")).admin_connect("shop") as admin:
-            admin.execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-                "WHERE slot_name = %s AND active_pid IS NOT NULL",
-                (f"bench_{tag}",),
-            )
-            time.sleep(1)
-            admin.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
-                (f"bench_{tag}",),
-            )
-            admin.execute(f"DROP PUBLICATION IF EXISTS bench_{tag}")
-            admin.execute(f"DROP TABLE IF EXISTS {bench_lake.TABLE}")
-        admin_client = AdminClient(config.kafka.client_config())
-        doomed = [t for t in admin_client.list_topics(timeout=10).topics if f"bench{tag}" in t]
-        for future in admin_client.delete_topics(doomed).values() if doomed else []:
-            future.result(timeout=30)
+        bench_lake.cleanup(config, tag)
 
     lake = [visible[k] - committed[k] for k in visible]
     kafka = [in_kafka[k] - committed[k] for k in committed if k in in_kafka]

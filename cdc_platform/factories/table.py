@@ -39,7 +39,6 @@ from cdc_platform.spark.checks import (
     check_completeness,
     check_keys,
     check_schema,
-    observed_schema,
     pandera_errors,
     recent_changelog,
 )
@@ -263,7 +262,8 @@ def build_current_asset(config: PlatformConfig, table: TableConfig) -> dg.Assets
                 },
             )
         frame = spark.read.format("delta").load(current_path(config, table))
-        observed = observed_schema(config, table)
+        observed = schema.observed
+        assert observed is not None  # check_schema read it before anything was merged
         key_columns = list(observed.primary_key)
         nullable = {c.name: c.nullable for c in observed.columns}
         schema.pandera_errors = pandera_errors(frame, nullable, key_columns)

@@ -22,9 +22,7 @@ Dagster edge turns it into an ``AssetCheckResult``.
 from __future__ import annotations
 
 import json
-import shutil
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -35,7 +33,14 @@ from cdc_platform.capture.pg_catalog import describe_table, resolve_key
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.schemas import ColumnVersion, SchemaChange, SchemaVersion, compare
 from cdc_platform.spark.changelog import changelog_path, dead_letters_path, recorded_ranges
-from cdc_platform.spark.snapshot import generation_info, list_generations, source_conninfo, table_root
+from cdc_platform.spark.snapshot import (
+    generation_info,
+    kafka_end_offsets,
+    list_generations,
+    scratch_snapshot,
+    source_conninfo,
+    table_root,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -73,9 +78,11 @@ def check_keys(spark: SparkSession, current: DataFrame, changelog: DataFrame | N
     assert stats is not None
     duplicates = current.groupBy(*keys).count().where("count > 1")
     duplicate_count = duplicates.count()
-    sample = [json.dumps({k: _plain(r[k]) for k in keys}) for r in duplicates.limit(SAMPLE).collect()]
+    sample = [json.dumps({k: plain_value(r[k]) for k in keys}) for r in duplicates.limit(SAMPLE).collect()]
     if stats["nulls"]:
-        sample += [json.dumps({k: _plain(r[k]) for k in keys}) for r in current.where(any_null).limit(SAMPLE).collect()]
+        sample += [
+            json.dumps({k: plain_value(r[k]) for k in keys}) for r in current.where(any_null).limit(SAMPLE).collect()
+        ]
     report = KeysReport(int(stats["rows"]), int(stats["nulls"] or 0), duplicate_count, sample)
     if changelog is not None:
         events = changelog.where(F.col("op").isNotNull() & (F.col("op") != "t"))
@@ -124,6 +131,7 @@ class SchemaReport:
     change: SchemaChange | None
     pandera_errors: list[str]
     compatibility: str
+    observed: SchemaVersion | None = None  # the source schema this check read
 
     @property
     def passed(self) -> bool:
@@ -180,16 +188,16 @@ def check_schema(
     if not history or (new_baseline and history[-1]["generation"] != generation):
         version = (history[-1]["version"] + 1) if history else 1
         _register(spark, config, table, version, generation, observed, "baseline of generation " + generation)
-        return SchemaReport(version, True, None, [], mode)
+        return SchemaReport(version, True, None, [], mode, observed)
     latest = history[-1]
     if latest["fingerprint"] == observed.fingerprint():
-        return SchemaReport(int(latest["version"]), False, None, [], mode)
+        return SchemaReport(int(latest["version"]), False, None, [], mode, observed)
     change = compare(SchemaVersion.from_json(latest["schema"]), observed, table.compatibility)
     if not change.compatible:
-        return SchemaReport(int(latest["version"]), False, change, [], mode)
+        return SchemaReport(int(latest["version"]), False, change, [], mode, observed)
     version = int(latest["version"]) + 1
     _register(spark, config, table, version, generation, observed, change.summary())
-    return SchemaReport(version, True, change, [], mode)
+    return SchemaReport(version, True, change, [], mode, observed)
 
 
 def pandera_errors(frame: DataFrame, nullable: dict[str, bool], keys: list[str]) -> list[str]:
@@ -295,30 +303,25 @@ def _reconcile(
     applied_commit_lsn: int | None,
     report: CompletenessReport,
 ) -> None:
-    from confluent_kafka import Consumer, TopicPartition
     from pyspark.sql import functions as F
 
-    from cdc_platform.spark.snapshot import take_snapshot
+    topic = config.topic_for(table)
 
-    scratch_root = f"{config.lake.root.rstrip('/')}/_reconcile/{uuid.uuid4().hex[:8]}"
-    scratch = config.model_copy(update={"lake": config.lake.model_copy(update={"root": scratch_root})})
-    try:
-        truth = take_snapshot(spark, scratch, table, "check", log_progress=lambda _msg: None)
+    def unapplied() -> int:
+        return sum(max(0, e - frontier.get(p, 0)) for p, e in kafka_end_offsets(config, topic).items())
+
+    if behind := unapplied():  # cheap test first: then the O(table) read below cannot be compared
+        report.compare_note = f"Kafka holds {behind} offsets current has not applied yet"
+        return
+    with scratch_snapshot(spark, config, table, "reconcile") as truth:
         confirmed, after_read = _wait_for_capture(config, table)
-        consumer = Consumer({**config.kafka.client_config(), "group.id": "cdc_platform_checks"})
-        try:
-            topic = config.topic_for(table)
-            partitions = consumer.list_topics(topic, timeout=15).topics[topic].partitions
-            ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1] for p in partitions}
-        finally:
-            consumer.close()
+        behind = unapplied()  # again, after capture confirmed the read
         read_at = truth.watermark.lsn  # read just before the source snapshot began
-        behind = {p: e - frontier.get(p, 0) for p, e in ends.items() if e > frontier.get(p, 0)}
         if confirmed < after_read:
             report.compare_note = "capture has not confirmed everything the source had committed; compare later"
             return
         if behind:
-            report.compare_note = f"Kafka holds {sum(behind.values())} offsets current has not applied yet"
+            report.compare_note = f"Kafka holds {behind} offsets current has not applied yet"
             return
         if applied_commit_lsn is not None and applied_commit_lsn > read_at:
             report.compare_note = "current applied changes newer than the source read; compare when quiet"
@@ -338,12 +341,7 @@ def _reconcile(
             missing, extra = source.exceptAll(mine), mine.exceptAll(source)
             report.missing, report.extra = missing.count(), extra.count()
             keys = list(truth.key_columns)
-            for label, frame in (("missing", missing), ("extra", extra)):
-                report.sample += [
-                    f"{label} {json.dumps({k: _plain(r[k]) for k in keys})}" for r in frame.limit(SAMPLE).collect()
-                ]
-    finally:
-        remove_path(spark, scratch_root)
+            report.sample = key_samples(missing, keys, "missing") + key_samples(extra, keys, "extra")
 
 
 def _wait_for_capture(config: PlatformConfig, table: TableConfig, wait_s: float = 15.0) -> tuple[int, int]:
@@ -368,15 +366,10 @@ def _wait_for_capture(config: PlatformConfig, table: TableConfig, wait_s: float 
             time.sleep(0.5)
 
 
-def remove_path(spark: SparkSession, path: str) -> None:
-    if "://" not in path or path.startswith("file:"):
-        shutil.rmtree(path.removeprefix("file:"), ignore_errors=True)
-        return
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    target = jvm.org.apache.hadoop.fs.Path(path)
-    target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(target, True)
-
-
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     return value if isinstance(value, int | str | float | bool) or value is None else str(value)
+
+
+def key_samples(frame: DataFrame, keys: list[str], label: str) -> list[str]:
+    """Up to SAMPLE rows of ``frame`` as '<label> {"key": value, …}' for check metadata."""
+    return [f"{label} {json.dumps({k: plain_value(r[k]) for k in keys})}" for r in frame.limit(SAMPLE).collect()]

@@ -19,7 +19,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -325,3 +326,32 @@ def generation_info(spark: SparkSession, path: str) -> dict[str, Any]:
         if entry["userMetadata"]:
             return dict(json.loads(entry["userMetadata"]))
     raise SnapshotError(f"snapshot {path} has no watermark in its commit metadata; take a new generation")
+
+
+@contextmanager
+def scratch_snapshot(
+    spark: SparkSession, config: PlatformConfig, table: TableConfig, purpose: str
+) -> Iterator[SnapshotResult]:
+    """A consistent read of the source into a throwaway Delta table under the lake
+    (``_scratch/``), removed afterwards: what checks and ``verify`` compare current with."""
+    import uuid
+
+    root = f"{config.lake.root.rstrip('/')}/_scratch/{purpose}-{uuid.uuid4().hex[:8]}"
+    scratch = config.model_copy(update={"lake": config.lake.model_copy(update={"root": root})})
+    try:
+        yield take_snapshot(spark, scratch, table, purpose, log_progress=lambda _msg: None)
+    finally:
+        remove_path(spark, root)
+
+
+def remove_path(spark: SparkSession, path: str) -> None:
+    """Delete a lake directory: local paths directly, other URIs through Hadoop's FileSystem."""
+    import shutil
+
+    if "://" not in path or path.startswith("file:"):
+        shutil.rmtree(path.removeprefix("file:"), ignore_errors=True)
+        return
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    target = jvm.org.apache.hadoop.fs.Path(path)
+    target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(target, True)

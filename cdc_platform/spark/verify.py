@@ -11,20 +11,18 @@ in further rounds (the same procedure again), and only what persists is reported
 
 from __future__ import annotations
 
-import json
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.envelope.lsn import format_lsn, parse_lsn
-from cdc_platform.spark.checks import remove_path
+from cdc_platform.spark.checks import key_samples
 from cdc_platform.spark.current import POSITION_COLUMNS, current_path, current_state
-from cdc_platform.spark.snapshot import source_conninfo, take_snapshot
+from cdc_platform.spark.snapshot import kafka_end_offsets, scratch_snapshot, source_conninfo
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -79,8 +77,6 @@ def verify_table(
 def _wait_until_applied(
     spark: SparkSession, config: PlatformConfig, table: TableConfig, deadline: float, log: Callable[[str], None]
 ) -> tuple[int, str]:
-    from confluent_kafka import Consumer, TopicPartition
-
     with psycopg.connect(source_conninfo(config, table), autocommit=True) as conn:
         row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
         assert row is not None
@@ -99,14 +95,8 @@ def _wait_until_applied(
                     f"is capture running? start it: cdc-platform capture run --source {table.source}"
                 )
             time.sleep(1.0)
+    ends = kafka_end_offsets(config, config.topic_for(table))
     topic = config.topic_for(table)
-    consumer = Consumer({**config.kafka.client_config(), "group.id": "cdc_platform_verify"})
-    try:
-        found_topic = consumer.list_topics(topic, timeout=15).topics.get(topic)
-        partitions = list(found_topic.partitions) if found_topic and not found_topic.error else []
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1] for p in partitions}
-    finally:
-        consumer.close()
     logged = False
     while True:
         state = current_state(spark, config, table)
@@ -127,10 +117,7 @@ def _wait_until_applied(
 
 
 def _compare(spark: SparkSession, config: PlatformConfig, table: TableConfig, verdict: Verdict) -> None:
-    scratch_root = f"{config.lake.root.rstrip('/')}/_verify/{uuid.uuid4().hex[:8]}"
-    scratch = config.model_copy(update={"lake": config.lake.model_copy(update={"root": scratch_root})})
-    try:
-        truth_result = take_snapshot(spark, scratch, table, "verify", log_progress=lambda _msg: None)
+    with scratch_snapshot(spark, config, table, "verify") as truth_result:
         truth = spark.read.format("delta").load(truth_result.path)
         keys = list(truth_result.key_columns)
         current = spark.read.format("delta").load(current_path(config, table)).drop(*POSITION_COLUMNS)
@@ -143,15 +130,7 @@ def _compare(spark: SparkSession, config: PlatformConfig, table: TableConfig, ve
         extra = only_current.subtract(only_truth)
         verdict.mismatches, verdict.missing, verdict.extra = differing.count(), missing.count(), extra.count()
         for label, frame in (("differs", differing), ("missing", missing), ("extra", extra)):
-            verdict.sample += [
-                f"{label} {json.dumps({k: _plain(r[k]) for k in keys})}" for r in frame.limit(SAMPLE).collect()
-            ]
-    finally:
-        remove_path(spark, scratch_root)
-
-
-def _plain(value: Any) -> Any:
-    return value if isinstance(value, int | str | float | bool) or value is None else str(value)
+            verdict.sample += key_samples(frame, keys, label)
 
 
 def format_verdicts(verdicts: list[Verdict]) -> str:
