@@ -60,7 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--config", help="path (default: $CDC_PLATFORM_CONFIG or ./cdc_platform.yaml)")
     check.set_defaults(func=_config_check)
 
-    capture = sub.add_parser("capture", help="PostgreSQL logical decoding into Kafka")
+    capture = sub.add_parser(
+        "capture", help="changes into Kafka: PostgreSQL logical decoding, or polling for jdbc sources"
+    )
     capture_sub = capture.add_subparsers(dest="action", required=True)
     run = capture_sub.add_parser("run", help="stream changes (until stopped, or --until-caught-up)")
     run.add_argument("--config", help="path (default: $CDC_PLATFORM_CONFIG or ./cdc_platform.yaml)")
@@ -75,7 +77,9 @@ def _parser() -> argparse.ArgumentParser:
         help="create a new replication slot although the previous one was lost (after rehydrating the tables)",
     )
     run.set_defaults(func=_capture_run)
-    cstatus = capture_sub.add_parser("status", help="the replication slot: position, lag in bytes, state")
+    cstatus = capture_sub.add_parser(
+        "status", help="the replication slot (position, lag in bytes, state), or a jdbc source's stored cursors"
+    )
     cstatus.add_argument("--config")
     cstatus.add_argument("--source")
     cstatus.set_defaults(func=_capture_status)
@@ -161,7 +165,11 @@ def _dev(args: argparse.Namespace) -> int:
             result = stack_up(prof)
         except StackError as exc:
             raise CliError(str(exc)) from None
-        for name, started in (("postgres", result.started_postgres), ("kafka", result.started_kafka)):
+        for name, started in (
+            ("postgres", result.started_postgres),
+            ("kafka", result.started_kafka),
+            ("mariadb", result.started_mariadb),
+        ):
             print(f"{name}: {'started' if started else 'already running'}")
         print(f"secrets for this stack: {prof.env_file} (source it: set -a; . {prof.env_file}; set +a)")
     elif args.action == "down":
@@ -216,6 +224,8 @@ def _capture_run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_config(args.config)
     source = _pick_source(config, args.source)
+    if config.is_polled_source(source):
+        return _poll_run(config, source, args)
     options = CaptureOptions(
         until_caught_up=args.until_caught_up,
         give_up_after_s=120.0 if args.until_caught_up else None,
@@ -236,11 +246,42 @@ def _capture_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _poll_run(config: PlatformConfig, source: str, args: argparse.Namespace) -> int:
+    import signal
+    from pathlib import Path
+
+    from cdc_platform.capture.errors import CaptureError
+    from cdc_platform.capture.jdbc import PollingCapture, PollOptions
+
+    options = PollOptions(
+        until_caught_up=args.until_caught_up,
+        give_up_after_s=120.0 if args.until_caught_up else None,
+        status_file=Path(args.status_file) if args.status_file else None,
+    )
+    poller = PollingCapture(config, source, options)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: poller.stop())
+    try:
+        stats = poller.run()
+    except CaptureError as exc:
+        raise CliError(str(exc)) from None
+    print(json.dumps(stats.as_dict()))
+    return 0
+
+
 def _capture_status(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from cdc_platform.capture.jdbc import read_stored_cursors
     from cdc_platform.capture.postgres import slot_status
 
     config = load_config(args.config)
-    print(json.dumps(slot_status(config, _pick_source(config, args.source)), indent=2))
+    source = _pick_source(config, args.source)
+    if config.is_polled_source(source):
+        cursors = {table: asdict(cursor) for table, cursor in read_stored_cursors(config, source).items()}
+        print(json.dumps({"source": source, "kind": "jdbc", "cursors": cursors}, indent=2))
+        return 0
+    print(json.dumps(slot_status(config, source), indent=2))
     return 0
 
 

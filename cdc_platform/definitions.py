@@ -16,7 +16,7 @@ from cdc_platform.factories.table import (
     history_asset_key,
     source_asset_key,
 )
-from cdc_platform.resources import PostgresSourcesResource
+from cdc_platform.resources import JdbcSourcesResource, PostgresSourcesResource
 from cdc_platform.sensors import build_changelog_sensor, build_rehydration_sensor, cdc_run_failures
 from cdc_platform.spark.session import prepare_spark_environment, session_conf
 
@@ -60,6 +60,7 @@ def build_definitions(config: PlatformConfig) -> dg.Definitions:
         ],
         resources={
             "postgres": PostgresSourcesResource.from_config(config),
+            "jdbc": JdbcSourcesResource.from_config(config),
             # the session's conf (master, Delta jars, loopback binding) comes from the config
             "pyspark": PySparkResource(spark_config=session_conf(config.spark)),
         },

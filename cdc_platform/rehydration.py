@@ -21,6 +21,7 @@ class Reason(StrEnum):
     CURRENT_MISSING = "current_missing"  # the current table is gone or unreadable
     CHECKS_FAILED = "checks_failed"  # keys or completeness failed on current
     MANUAL = "manual"  # a person asked (CLI, launchpad, signal table)
+    RECONCILIATION = "reconciliation"  # a polled table's periodic generation (drops hard-deleted rows)
 
 
 @dataclass(frozen=True)
@@ -91,3 +92,20 @@ def signal_tables(signal_type: str, data: str | None, source: str, schema_tables
         if name in schema_tables:
             names.append(schema_tables[name])
     return names
+
+
+def reconciliation_due(
+    table: str, generation: str, generation_at: float | None, every_s: float | None, now: float
+) -> Need | None:
+    """A polled table's generation is older than ``poll.reconcile_every``: polling cannot see
+    hard deletes, so a new generation is the only way to drop rows the source deleted."""
+    if every_s is None or generation_at is None or now - generation_at < every_s:
+        return None
+    age_min = (now - generation_at) / 60
+    return Need(
+        table,
+        Reason.RECONCILIATION,
+        f"generation {generation} is {age_min:.0f} min old (reconcile_every {every_s / 60:.0f} min): polling "
+        "cannot see hard deletes, a new generation drops rows the source no longer has",
+        f"reconcile:{generation}",
+    )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -24,7 +25,7 @@ from typing import Any, cast
 import dagster as dg
 import psycopg
 
-from cdc_platform.config import PlatformConfig, TableConfig
+from cdc_platform.config import PlatformConfig, PostgresSource, TableConfig
 from cdc_platform.factories.table import (
     COMPLETENESS_CHECK,
     KEYS_CHECK,
@@ -36,7 +37,15 @@ from cdc_platform.factories.table import (
     new_generation_key,
     snapshot_asset_key,
 )
-from cdc_platform.rehydration import Need, Reason, changelog_gap, next_needed_offsets, signal_tables, slot_lost
+from cdc_platform.rehydration import (
+    Need,
+    Reason,
+    changelog_gap,
+    next_needed_offsets,
+    reconciliation_due,
+    signal_tables,
+    slot_lost,
+)
 from cdc_platform.spark.current import current_path
 
 MAX_WINDOWS_PER_TICK = 24
@@ -120,6 +129,8 @@ def failed_check(
     if after_timestamp is not None and latest.create_timestamp < after_timestamp:
         return None  # evaluated before the latest generation: that generation was the remedy
     evaluation = latest.event.dagster_event.event_specific_data if latest.event.dagster_event else None
+    if getattr(evaluation, "severity", None) == dg.AssetCheckSeverity.WARN:
+        return None  # a warning (rows a polled source hard-deleted): reconciliation's job, not a rehydration
     description = getattr(evaluation, "description", None) or f"check {check_name} failed"
     return latest.run_id, str(description)
 
@@ -165,11 +176,11 @@ def source_position_lost(config: PlatformConfig, source: str) -> str | None:
 
 
 def read_signals(config: PlatformConfig, source: str) -> list[tuple[str, str, str | None]]:
-    table = config.sources[source].signal_table
-    if not table:
+    src = config.sources[source]
+    if not isinstance(src, PostgresSource) or not src.signal_table:
         return []
-    schema_name, table_name = table.split(".", 1)
-    with psycopg.connect(config.sources[source].conninfo(source, "cdc_platform_sensor"), autocommit=True) as conn:
+    schema_name, table_name = src.signal_table.split(".", 1)
+    with psycopg.connect(src.conninfo(source, "cdc_platform_sensor"), autocommit=True) as conn:
         rows = conn.execute(
             psycopg.sql.SQL("SELECT id::text, type, data FROM {}.{}").format(
                 psycopg.sql.Identifier(schema_name), psycopg.sql.Identifier(table_name)
@@ -210,6 +221,12 @@ def find_needs(
         needs.append(Need(table.key, Reason.SOURCE_POSITION_LOST, str(lost[table.source]), f"slot_lost:{generation}"))
     if facts.materialized is None:
         return needs, facts
+    if table.poll is not None:
+        due = reconciliation_due(
+            table.key, generation, facts.materialized_at, table.poll.reconcile_every_s(), time.time()
+        )
+        if due is not None:
+            needs.append(due)
     windows = recorded_window_ranges(instance, table, facts.watermark_taken_at)
     needed = next_needed_offsets(facts.watermark_offsets, windows)
     gap = changelog_gap(table.key, generation, needed, kafka_earliest_offsets(config, config.topic_for(table)))
@@ -259,14 +276,17 @@ def build_rehydration_sensor(config: PlatformConfig) -> dg.SensorDefinition:
         description=(
             "Starts a new snapshot generation when a table needs one: bootstrap, changelog gap (Kafka lost "
             "offsets still needed), replication slot lost, incompatible schema, current missing or failing its "
-            "checks, or a signal row. The reason is in the run's tags; one cause never starts two generations."
+            "checks, a polled table's periodic reconciliation, or a signal row. The reason is in the run's tags; "
+            "one cause never starts two generations."
         ),
     )
     def rehydration(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
         cursor: dict[str, Any] = json.loads(context.cursor) if context.cursor else {}
         acted: dict[str, str] = cursor.setdefault("acted", {})
         seen_signals: list[str] = cursor.setdefault("signals", [])
-        lost = {source: source_position_lost(config, source) for source in {t.source for t in config.tables}}
+        # polled (jdbc) sources have no replication slot to lose
+        logged = {t.source for t in config.tables if not config.is_polled(t)}
+        lost = {source: source_position_lost(config, source) for source in logged}
         signalled: set[str] = set()
         for source in {t.source for t in config.tables}:
             local = {f"{t.schema_name}.{t.table_name}": t.key for t in config.tables if t.source == source}

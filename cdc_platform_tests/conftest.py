@@ -1,5 +1,5 @@
-"""Shared fixtures. Integration tests run against the real `test` stack (PostgreSQL +
-Kafka on 127.0.0.1:5434/9192, data in .cdc/test/), which this session starts if it is not
+"""Shared fixtures. Integration tests run against the real `test` stack (PostgreSQL,
+Kafka and MariaDB on 127.0.0.1:5434/9192/3308, data in .cdc/test/), which this session starts if it is not
 running and stops afterwards only if it started it. A service that cannot start is an
 error for every test that needs it, never a skip."""
 
@@ -38,9 +38,11 @@ def no_secret_in_anything_the_suite_wrote(tmp_path_factory: pytest.TempPathFacto
     Dagster instances (runs, events, compute logs), lakes, configs, service and process
     logs — except the 0600 secrets file the stack keeps them in."""
     yield
+    from cdc_platform.devstack.mariadb import MARIADB_PASSWORD_ENVS
     from cdc_platform.devstack.postgres import PASSWORD_ENVS
 
-    secrets = [os.environ[name].encode() for name in PASSWORD_ENVS.values() if os.environ.get(name)]
+    names = [*PASSWORD_ENVS.values(), *MARIADB_PASSWORD_ENVS.values()]
+    secrets = [os.environ[name].encode() for name in names if os.environ.get(name)]
     if not secrets:
         return  # no stack was used (unit tests only)
     profile = PROFILES["test"]
@@ -60,7 +62,7 @@ def stack() -> Iterator[StackProfile]:
         pytest.fail(f"the test stack could not start: {exc}", pytrace=False)
     load_stack_env(profile)
     yield profile
-    if started.started_kafka or started.started_postgres:
+    if started.started_kafka or started.started_postgres or started.started_mariadb:
         stack_down(profile)
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian machine, and nothing twice:
-#   - Debian packages: PostgreSQL server (logical decoding, pgbench), Java 17, Maven, chromium;
+#   - Debian packages: PostgreSQL server (logical decoding, pgbench), MariaDB server, Java 17,
+#     Maven, chromium;
 #   - a Python 3.11 venv in .venv with the pinned project and dev tools;
 #   - the JVM jars (Kafka broker, Spark-side Delta/Kafka connectors) resolved by mvn
 #     from the pinned poms in stack/jvm/ into .cdc/jars/ (ignored by git).
@@ -18,6 +19,8 @@ die() { printf '[bootstrap] ERROR: %s\n' "$*" >&2; exit 1; }
 need_apt=()
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need_apt+=(postgresql postgresql-contrib)
 compgen -G "/usr/lib/postgresql/*/bin/pgbench" >/dev/null || need_apt+=(postgresql-contrib)
+# the polling source's database in the local stack (MariaDB; started from .cdc/, never as a service)
+command -v mariadbd >/dev/null || [[ -x /usr/sbin/mariadbd ]] || need_apt+=(mariadb-server mariadb-client)
 command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need_apt+=(maven)
 command -v curl >/dev/null || need_apt+=(curl)

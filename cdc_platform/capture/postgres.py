@@ -25,8 +25,6 @@ import psycopg
 import psycopg2
 import psycopg2.extras
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic  # where it is defined (confluent_kafka.admin re-exports it untyped)
 from psycopg import sql
 
 from cdc_platform.capture.errors import (
@@ -37,6 +35,7 @@ from cdc_platform.capture.errors import (
     classify_postgres_error,
 )
 from cdc_platform.capture.pg_catalog import SourceTableError, describe_table, resolve_key, resolve_pg_types
+from cdc_platform.capture.topics import ensure_topics, producer_config
 from cdc_platform.config import PlatformConfig, PostgresSource, TableConfig
 from cdc_platform.envelope import pgoutput
 from cdc_platform.envelope.debezium import ColumnSpec, EnvelopeCodec, Record, SourcePosition, TableShape
@@ -172,7 +171,7 @@ class PostgresCapture:
             )
         self.config = config
         self.source_name = source_name
-        self.source: PostgresSource = config.sources[source_name]
+        self.source: PostgresSource = config.postgres(source_name)
         self.tables: list[TableConfig] = [t for t in config.tables if t.source == source_name]
         if not self.tables:
             raise FatalCaptureError(f"source '{source_name}' has no tables in the config; add some under tables:")
@@ -214,15 +213,7 @@ class PostgresCapture:
             raise classify_postgres_error(exc, source=self.source_name, user=self.source.user, slot=self.slot) from None
 
     def _producer_config(self) -> dict[str, Any]:
-        return {
-            **self.config.kafka.client_config(),
-            "enable.idempotence": True,  # no duplicates or reordering from producer retries
-            "acks": "all",
-            "partitioner": "murmur2_random",  # Java-compatible: every client agrees on a key's partition
-            "linger.ms": 20,
-            "compression.type": "lz4",
-            "message.timeout.ms": 120_000,
-        }
+        return producer_config(self.config.kafka)
 
     # -- preflight: everything that is fatal if wrong -----------------------------------------
     def preflight(self) -> int:
@@ -378,46 +369,8 @@ class PostgresCapture:
         return parse_lsn(str(confirmed))
 
     def _ensure_topics(self) -> None:
-        admin = AdminClient(self.config.kafka.client_config())
-        try:
-            existing = set(admin.list_topics(timeout=15).topics)
-        except KafkaException as exc:
-            raise RetriableCaptureError(f"Kafka unreachable at {self.config.kafka.bootstrap_servers}: {exc}") from None
-        kafka = self.config.kafka
-        wanted = [
-            NewTopic(
-                topic,
-                num_partitions=kafka.partitions,
-                replication_factor=kafka.replication_factor,
-                config={"cleanup.policy": kafka.cleanup_policy},
-            )
-            for topic in sorted(set(self._topics.values()))
-            if topic not in existing
-        ]
-        if self.heartbeat_topic not in existing:
-            wanted.append(
-                NewTopic(
-                    self.heartbeat_topic,
-                    num_partitions=1,
-                    replication_factor=kafka.replication_factor,
-                    config={"cleanup.policy": "compact"},  # keeps the latest heartbeat per source
-                )
-            )
-        if not wanted:
-            return
-        for topic, future in admin.create_topics(wanted, request_timeout=30).items():
-            try:
-                future.result(timeout=60)
-                log.info("created topic %s", topic)
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                    continue
-                if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-                    raise FatalCaptureError(
-                        f"not authorized to create Kafka topic {topic}; create it or grant ACLs"
-                    ) from None
-                raise RetriableCaptureError(f"creating Kafka topic {topic} failed: {exc}") from None
+        # the heartbeat topic is compacted: it keeps the latest heartbeat per source
+        ensure_topics(self.config.kafka, list(self._topics.values()), [self.heartbeat_topic])
 
     # -- types ------------------------------------------------------------------------------
     def _resolve_types(self, oids: Iterable[int]) -> None:

@@ -4,9 +4,11 @@ from cdc_platform.config.loader import CONFIG_ENV, ConfigError, default_config_p
 from cdc_platform.config.model import (
     CompatibilityMode,
     ErrorTolerance,
+    JdbcSource,
     KafkaConfig,
     MissingSecretError,
     PlatformConfig,
+    PollConfig,
     PostgresSource,
     TableConfig,
 )
@@ -16,9 +18,11 @@ __all__ = [
     "CompatibilityMode",
     "ConfigError",
     "ErrorTolerance",
+    "JdbcSource",
     "KafkaConfig",
     "MissingSecretError",
     "PlatformConfig",
+    "PollConfig",
     "PostgresSource",
     "TableConfig",
     "default_config_path",

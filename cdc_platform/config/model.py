@@ -10,14 +10,16 @@ from __future__ import annotations
 import os
 import re
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SecretStr,
     StringConstraints,
+    Tag,
     field_validator,
     model_validator,
 )
@@ -48,6 +50,22 @@ def read_secret(env_var: str, field_path: str) -> SecretStr:
             f"export {env_var}=<secret> before running (the dev stack writes it to .cdc/<profile>/env)"
         )
     return SecretStr(value)
+
+
+def _refuse_plain_password(data: object) -> object:
+    if isinstance(data, dict) and "password" in data:
+        raise ValueError(
+            "a plain-text password is not allowed here; remove 'password' and set "
+            "'password_env: SOME_ENV_VAR', then export SOME_ENV_VAR"
+        )
+    return data
+
+
+def _source_kind(data: Any) -> str:
+    """``kind`` may be left out for PostgreSQL sources (the first kind, so older files stay valid)."""
+    if isinstance(data, dict):
+        return str(data.get("kind", "postgres"))
+    return str(getattr(data, "kind", "postgres"))
 
 
 class _Strict(BaseModel):
@@ -113,12 +131,7 @@ class PostgresSource(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _no_plain_password(cls, data: object) -> object:
-        if isinstance(data, dict) and "password" in data:
-            raise ValueError(
-                "a plain-text password is not allowed here; remove 'password' and set "
-                "'password_env: SOME_ENV_VAR', then export SOME_ENV_VAR"
-            )
-        return data
+        return _refuse_plain_password(data)
 
     @field_validator("connect_options")
     @classmethod
@@ -149,6 +162,118 @@ class PostgresSource(_Strict):
             password=self.password(source_name).get_secret_value(),
             application_name=application_name,
         )
+
+
+class JdbcSource(_Strict):
+    """A database read by polling queries (query-based capture): for databases without a
+    usable replication feed. MariaDB and MySQL (``dialect``) through PyMySQL for polling
+    and Spark JDBC (MariaDB Connector/J) for snapshots.
+
+    Polling cannot see hard deletes: use a soft-delete column (``poll.soft_delete_column``)
+    and/or periodic reconciliation generations (``poll.reconcile_every``)."""
+
+    kind: Literal["jdbc"]
+    dialect: Literal["mariadb", "mysql"] = "mariadb"
+    host: str = "127.0.0.1"
+    port: int = Field(default=3306, ge=1, le=65535)
+    database: str = Field(min_length=1, description="The database the poller connects to.")
+    user: str = Field(min_length=1)
+    password_env: EnvVarName = Field(
+        description="Name of the environment variable holding the password (never the password itself)."
+    )
+    topic_prefix: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="Kafka topic prefix; default: the source name.",
+    )
+    poll_interval_s: float = Field(default=5.0, gt=0, le=3600, description="Pause between polls of a table.")
+    batch_size: int = Field(
+        default=10_000, ge=1, le=1_000_000, description="Most rows read per query (the cursor then moves on)."
+    )
+    connect_timeout_s: int = Field(default=10, ge=1, le=600)
+    decimal_handling: Literal["precise", "string"] = "precise"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_plain_password(cls, data: object) -> object:
+        return _refuse_plain_password(data)
+
+    def password(self, source_name: str) -> SecretStr:
+        return read_secret(self.password_env, f"sources.{source_name}.password_env")
+
+    def jdbc_url(self) -> str:
+        return f"jdbc:{self.dialect}://{self.host}:{self.port}/{self.database}"
+
+
+SourceConfig = Annotated[
+    Annotated[PostgresSource, Tag("postgres")] | Annotated[JdbcSource, Tag("jdbc")], Discriminator(_source_kind)
+]
+
+PollMode = Literal["incrementing", "timestamp", "timestamp+incrementing"]
+
+
+class PollConfig(_Strict):
+    """How a table of a ``jdbc`` source is polled (Kafka Connect JDBC source's modes)."""
+
+    mode: PollMode = Field(
+        description=(
+            "incrementing: new rows by a strictly increasing column (updates are not seen); timestamp: rows "
+            "whose timestamp column moved past the cursor; timestamp+incrementing: both as one compound "
+            "cursor, so rows sharing a timestamp are never skipped (the safe choice)."
+        )
+    )
+    incrementing_column: str | None = Field(default=None, min_length=1)
+    timestamp_column: str | None = Field(default=None, min_length=1)
+    timestamp_delay_s: float = Field(
+        default=0.0,
+        ge=0,
+        description=(
+            "Read only rows whose timestamp is at least this old, so transactions still open when a poll "
+            "runs are not passed by the cursor (Kafka Connect's timestamp.delay.interval.ms)."
+        ),
+    )
+    soft_delete_column: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "A row whose value here is set (non-NULL, and not 0 for numeric/boolean columns) is published as a "
+            "delete ('d') and left out of snapshots."
+        ),
+    )
+    initial: Literal["earliest", "latest"] = Field(
+        default="earliest",
+        description=(
+            "Where a table without a stored cursor starts: earliest publishes every row once (safe with any "
+            "generation), latest starts at the newest row (take a generation after the first poll)."
+        ),
+    )
+    reconcile_every: str | None = Field(
+        default=None,
+        pattern=r"^[1-9][0-9]*[mhd]$",
+        description=(
+            "Take a new snapshot generation when the latest is older than this (e.g. 6h): polling cannot see "
+            "hard deletes, a generation drops rows that no longer exist."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _columns_for_mode(self) -> PollConfig:
+        if "incrementing" in self.mode and not self.incrementing_column:
+            raise ValueError(f"mode '{self.mode}' needs incrementing_column (a strictly increasing integer column)")
+        if "timestamp" in self.mode and not self.timestamp_column:
+            raise ValueError(
+                f"mode '{self.mode}' needs timestamp_column (a datetime/timestamp column set on every insert "
+                "and update, e.g. updated_at ... ON UPDATE CURRENT_TIMESTAMP(6))"
+            )
+        if self.mode == "incrementing" and self.timestamp_column:
+            raise ValueError("timestamp_column is not used in mode 'incrementing'; use 'timestamp+incrementing'")
+        return self
+
+    def reconcile_every_s(self) -> float | None:
+        if self.reconcile_every is None:
+            return None
+        n, unit = int(self.reconcile_every[:-1]), self.reconcile_every[-1]
+        return n * {"m": 60, "h": 3600, "d": 86400}[unit]
 
 
 class KafkaConfig(_Strict):
@@ -266,6 +391,9 @@ class TableConfig(_Strict):
     history: bool = Field(
         default=False, description="Also keep an SCD2 history table (valid_from / valid_to / is_current)."
     )
+    poll: PollConfig | None = Field(
+        default=None, description="How the table is polled; required for (and only for) tables of jdbc sources."
+    )
 
     @field_validator("name")
     @classmethod
@@ -320,7 +448,7 @@ def _unquote(ident: str) -> str:
 class PlatformConfig(_Strict):
     """The whole file."""
 
-    sources: dict[SourceName, PostgresSource] = Field(min_length=1)
+    sources: dict[SourceName, SourceConfig] = Field(min_length=1)
     kafka: KafkaConfig
     lake: LakeConfig
     spark: SparkConfig = Field(default_factory=SparkConfig)
@@ -334,6 +462,18 @@ class PlatformConfig(_Strict):
                 raise ValueError(
                     f"tables[{i}].name: source '{table.source}' is not declared under sources "
                     f"(declared: {', '.join(sorted(self.sources))})"
+                )
+            source = self.sources[table.source]
+            if isinstance(source, JdbcSource) and table.poll is None:
+                raise ValueError(
+                    f"tables[{i}].poll: '{table.name}' belongs to jdbc source '{table.source}' and needs a poll "
+                    "block, e.g. poll: {mode: timestamp+incrementing, timestamp_column: updated_at, "
+                    "incrementing_column: id}"
+                )
+            if isinstance(source, PostgresSource) and table.poll is not None:
+                raise ValueError(
+                    f"tables[{i}].poll: '{table.name}' belongs to postgres source '{table.source}', which is "
+                    "captured by logical decoding; remove the poll block"
                 )
             ident = (table.source, table.dagster_name)
             if ident in seen:
@@ -359,8 +499,27 @@ class PlatformConfig(_Strict):
         # Kafka topic names allow [A-Za-z0-9._-]; Debezium replaces anything else with '_'.
         return re.sub(r"[^A-Za-z0-9._-]", "_", f"{prefix}.{table.schema_name}.{table.table_name}")
 
+    def postgres(self, source_name: str) -> PostgresSource:
+        """The source as a PostgreSQL source; a clear error for a jdbc one."""
+        source = self.sources[source_name]
+        if not isinstance(source, PostgresSource):
+            raise ValueError(f"source '{source_name}' is a {source.kind} source, not a postgres one")
+        return source
+
+    def jdbc(self, source_name: str) -> JdbcSource:
+        source = self.sources[source_name]
+        if not isinstance(source, JdbcSource):
+            raise ValueError(f"source '{source_name}' is a {source.kind} source, not a jdbc one")
+        return source
+
+    def is_polled(self, table: TableConfig) -> bool:
+        return self.is_polled_source(table.source)
+
+    def is_polled_source(self, source_name: str) -> bool:
+        return isinstance(self.sources[source_name], JdbcSource)
+
     def slot_for(self, source_name: str) -> str:
-        return self.sources[source_name].slot_name or f"cdc_{source_name}"
+        return self.postgres(source_name).slot_name or f"cdc_{source_name}"
 
     def publication_for(self, source_name: str) -> str:
-        return self.sources[source_name].publication or f"cdc_{source_name}"
+        return self.postgres(source_name).publication or f"cdc_{source_name}"

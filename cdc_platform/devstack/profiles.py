@@ -21,6 +21,7 @@ class StackProfile:
     pg_port: int
     kafka_port: int
     controller_port: int
+    mariadb_port: int
     # fsync off makes the throwaway test cluster several times faster; never for dev data
     pg_fsync: bool = True
 
@@ -47,8 +48,10 @@ class StackProfile:
 
 
 PROFILES = {
-    "dev": StackProfile("dev", pg_port=5433, kafka_port=9092, controller_port=9093),
-    "test": StackProfile("test", pg_port=5434, kafka_port=9192, controller_port=9193, pg_fsync=False),
+    "dev": StackProfile("dev", pg_port=5433, kafka_port=9092, controller_port=9093, mariadb_port=3307),
+    "test": StackProfile(
+        "test", pg_port=5434, kafka_port=9192, controller_port=9193, mariadb_port=3308, pg_fsync=False
+    ),
 }
 
 

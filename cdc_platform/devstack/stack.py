@@ -7,6 +7,7 @@ import secrets
 from dataclasses import dataclass
 
 from cdc_platform.devstack.kafka import KafkaError, LocalKafka
+from cdc_platform.devstack.mariadb import MARIADB_PASSWORD_ENVS, LocalMariaDB, MariaDBError
 from cdc_platform.devstack.postgres import PASSWORD_ENVS, LocalPostgres, PostgresError
 from cdc_platform.devstack.procs import port_open
 from cdc_platform.devstack.profiles import StackProfile
@@ -20,6 +21,7 @@ class StackError(RuntimeError):
 class UpResult:
     started_postgres: bool
     started_kafka: bool
+    started_mariadb: bool = False
 
 
 def stack_env(profile: StackProfile) -> dict[str, str]:
@@ -30,7 +32,8 @@ def stack_env(profile: StackProfile) -> dict[str, str]:
             if line.startswith("export ") and "=" in line:
                 name, value = line.removeprefix("export ").split("=", 1)
                 values[name] = value
-    missing = [name for name in PASSWORD_ENVS.values() if name not in values]
+    wanted = [*PASSWORD_ENVS.values(), *MARIADB_PASSWORD_ENVS.values()]
+    missing = [name for name in wanted if name not in values]
     if missing:
         for name in missing:
             values[name] = secrets.token_urlsafe(24)
@@ -54,9 +57,10 @@ def stack_up(profile: StackProfile) -> UpResult:
     try:
         started_pg = LocalPostgres(profile).up(env)
         started_kafka = LocalKafka(profile).up()
-    except (PostgresError, KafkaError) as exc:
+        started_mariadb = LocalMariaDB(profile).up(env)
+    except (PostgresError, KafkaError, MariaDBError) as exc:
         raise StackError(str(exc)) from None
-    return UpResult(started_pg, started_kafka)
+    return UpResult(started_pg, started_kafka, started_mariadb)
 
 
 def stack_down(profile: StackProfile) -> list[str]:
@@ -65,6 +69,8 @@ def stack_down(profile: StackProfile) -> list[str]:
         stopped.append("kafka")
     if LocalPostgres(profile).down():
         stopped.append("postgres")
+    if LocalMariaDB(profile).down():
+        stopped.append("mariadb")
     return stopped
 
 
@@ -90,4 +96,15 @@ def stack_status(profile: StackProfile) -> dict[str, str]:
     else:
         taken = port_open("127.0.0.1", profile.kafka_port)
         status["kafka"] = "down" + (f" (port {profile.kafka_port} used by another process)" if taken else "")
+    maria = LocalMariaDB(profile)
+    maria_pid = maria.running_pid()
+    if maria_pid:
+        try:
+            version = maria.info(stack_env(profile))["version"]
+            status["mariadb"] = f"up (pid {maria_pid}, 127.0.0.1:{profile.mariadb_port}, {version})"
+        except Exception as exc:
+            status["mariadb"] = f"process {maria_pid} running but not answering: {type(exc).__name__}"
+    else:
+        taken = port_open("127.0.0.1", profile.mariadb_port)
+        status["mariadb"] = "down" + (f" (port {profile.mariadb_port} used by another process)" if taken else "")
     return status

@@ -7,14 +7,17 @@ table; the snapshot, changelog and current-state assets join this group as they 
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import dagster as dg
 import psycopg
+import pymysql
 from dagster_pyspark import PySparkResource
 from psycopg import sql
 
 from cdc_platform.capture.errors import classify_postgres_error
+from cdc_platform.capture.jdbc import TableCursor, classify_mysql_error, read_stored_cursors
+from cdc_platform.capture.mysql_catalog import describe_mysql_table, quote_mysql
 from cdc_platform.capture.pg_catalog import (
     SourceTable,
     SourceTableError,
@@ -23,8 +26,9 @@ from cdc_platform.capture.pg_catalog import (
     slot_position,
 )
 from cdc_platform.capture.postgres import prepare_new_slot
-from cdc_platform.config import MissingSecretError, PlatformConfig, TableConfig
+from cdc_platform.config import JdbcSource, MissingSecretError, PlatformConfig, TableConfig
 from cdc_platform.envelope.lsn import format_lsn
+from cdc_platform.resources.jdbc import JdbcSourcesResource
 from cdc_platform.resources.postgres import PostgresSourcesResource
 from cdc_platform.spark.changelog import (
     ChangelogGapError,
@@ -81,14 +85,21 @@ def source_asset_key(table: TableConfig) -> dg.AssetKey:
 
 def build_table_definitions(config: PlatformConfig, table: TableConfig) -> dg.Definitions:
     source = config.sources[table.source]
+    polled = config.is_polled(table)
+    kind = source.dialect if isinstance(source, JdbcSource) else "postgres"
+    how = (
+        f"Polled ({table.poll.mode if table.poll else ''}); hard deletes are not seen by polling"
+        if polled
+        else "Captured by logical decoding"
+    )
     spec = dg.AssetSpec(
         key=source_asset_key(table),
         group_name=group_name(table),
-        kinds={"postgres"},
+        kinds={kind},
         description=(
-            f"Source table {table.schema_name}.{table.table_name} in PostgreSQL database "
-            f"'{source.database}' ({source.host}:{source.port}). Observed: columns, key, replica "
-            "identity and row count; the data version changes with the schema and row count."
+            f"Source table {table.schema_name}.{table.table_name} in {kind} database "
+            f"'{source.database}' ({source.host}:{source.port}). {how}. Observed: columns, key "
+            "and row count; the data version changes with the schema and row count."
         ),
         metadata={
             "source": table.source,
@@ -101,6 +112,18 @@ def build_table_definitions(config: PlatformConfig, table: TableConfig) -> dg.De
         tags={"cdc/source": table.source},
     )
 
+    observe_source_table = (
+        build_polled_observation(config, table, spec)
+        if config.is_polled(table)
+        else build_pg_observation(config, table, spec)
+    )
+    snapshot = build_snapshot_asset(config, table)
+    changelog = build_changelog_asset(config, table)
+    current = build_current_asset(config, table)
+    return dg.Definitions(assets=[observe_source_table, snapshot, changelog, current])
+
+
+def build_pg_observation(config: PlatformConfig, table: TableConfig, spec: dg.AssetSpec) -> dg.AssetsDefinition:
     @dg.multi_observable_source_asset(
         specs=[spec],
         name=f"observe_{table.source}_{table.dagster_name}",
@@ -129,10 +152,65 @@ def build_table_definitions(config: PlatformConfig, table: TableConfig) -> dg.De
             metadata={**observation_metadata(described, key, rows, exact), **slot_metadata(slot)},
         )
 
-    snapshot = build_snapshot_asset(config, table)
-    changelog = build_changelog_asset(config, table)
-    current = build_current_asset(config, table)
-    return dg.Definitions(assets=[observe_source_table, snapshot, changelog, current])
+    return cast(dg.AssetsDefinition, observe_source_table)
+
+
+def build_polled_observation(config: PlatformConfig, table: TableConfig, spec: dg.AssetSpec) -> dg.AssetsDefinition:
+    """A polled (jdbc) table: columns as mapped, key, row count, and where polling stands
+    (the stored cursor, rows published, seconds since the cursor last moved)."""
+
+    @dg.multi_observable_source_asset(
+        specs=[spec],
+        name=f"observe_{table.source}_{table.dagster_name}",
+        description=f"Observe {table.key} in its source database and its polling cursor.",
+    )
+    def observe_source_table(context: dg.AssetExecutionContext, jdbc: JdbcSourcesResource) -> dg.ObserveResult:
+        try:
+            conn = jdbc.connect(table.source)
+        except pymysql.err.MySQLError as exc:
+            error = classify_mysql_error(exc, table.source, config.jdbc(table.source))
+            raise dg.Failure(description=str(error), allow_retries=error.retriable) from None
+        try:
+            described, _ = describe_mysql_table(conn, table.schema_name, table.table_name)
+            key = resolve_key(described, table.primary_key, f"tables[{table.key}].primary_key")
+            exact = described.estimated_rows <= EXACT_COUNT_LIMIT
+            rows = described.estimated_rows
+            if exact:
+                with conn.cursor() as cur:
+                    cur.execute(
+                        f"SELECT COUNT(*) FROM {quote_mysql(table.schema_name)}.{quote_mysql(table.table_name)}"
+                    )
+                    counted = cur.fetchone()
+                    rows = int(counted[0]) if counted else 0
+        except SourceTableError as exc:
+            raise dg.Failure(description=str(exc), allow_retries=False) from None
+        finally:
+            conn.close()
+        cursor = read_stored_cursors(config, table.source).get(table.key)
+        context.log.info(
+            f"{table.key}: {rows} rows, {len(described.columns)} columns, schema {described.schema_hash()}"
+        )
+        return dg.ObserveResult(
+            asset_key=spec.key,
+            data_version=dg.DataVersion(f"{described.schema_hash()}:{rows}"),
+            metadata={**observation_metadata(described, key, rows, exact), **cursor_metadata(cursor)},
+        )
+
+    return cast(dg.AssetsDefinition, observe_source_table)
+
+
+def cursor_metadata(cursor: TableCursor | None) -> dict[str, Any]:
+    if cursor is None:
+        return {"poll_cursor": dg.MetadataValue.text("none stored (the poller has not run yet)")}
+    metadata: dict[str, Any] = {
+        "poll_cursor": dg.MetadataValue.text(cursor.describe()),
+        "poll_rows_published": dg.MetadataValue.int(cursor.rows),
+        "poll_position": dg.MetadataValue.int(cursor.position),
+    }
+    if cursor.committed_at:
+        age = (datetime.now(UTC) - datetime.fromisoformat(cursor.committed_at)).total_seconds()
+        metadata["poll_cursor_age_s"] = dg.MetadataValue.float(round(age, 3))
+    return metadata
 
 
 def current_asset_key(table: TableConfig) -> dg.AssetKey:
@@ -293,11 +371,22 @@ def build_current_asset(config: PlatformConfig, table: TableConfig) -> dg.Assets
         completeness = check_completeness(
             spark, config, table, frame.drop(*POSITION_COLUMNS), result.frontier, result.applied_commit_lsn
         )
+        hard_deleted = completeness.passed and completeness.deleted_in_source > 0
         yield dg.AssetCheckResult(
             asset_key=key,
             check_name=COMPLETENESS_CHECK,
-            passed=completeness.passed,
+            # rows a polled source hard-deleted: a warning, fixed by the next reconciliation generation
+            passed=completeness.passed and not hard_deleted,
+            severity=dg.AssetCheckSeverity.WARN if hard_deleted else dg.AssetCheckSeverity.ERROR,
+            description=(
+                f"{completeness.deleted_in_source} row(s) exist in current but no longer in the source (hard "
+                "deletes, which polling cannot see); the next reconciliation generation drops them"
+                if hard_deleted
+                else None
+            ),
             metadata={
+                "deleted_in_source": dg.MetadataValue.int(completeness.deleted_in_source),
+                "rows_dropped_by_generation": dg.MetadataValue.int(result.dropped_by_generation or 0),
                 "offsets_missing": dg.MetadataValue.int(completeness.offsets_missing),
                 "holes": dg.MetadataValue.json(completeness.holes[:10]),
                 "dead_letters": dg.MetadataValue.int(completeness.dead_letters),
@@ -327,6 +416,9 @@ def current_metadata(result: CurrentResult) -> dict[str, Any]:
         "duration_s": dg.MetadataValue.float(result.duration_s),
         "frontier": dg.MetadataValue.json({str(p): o for p, o in result.frontier.items()}),
     }
+    if result.dropped_by_generation is not None:
+        metadata["rows_dropped_by_generation"] = dg.MetadataValue.int(result.dropped_by_generation)
+        metadata["dropped_sample"] = dg.MetadataValue.json(result.dropped_sample)
     if result.applied_commit_lsn is not None:
         metadata["last_applied_lsn"] = dg.MetadataValue.text(format_lsn(result.applied_commit_lsn))
     if result.last_source_ts is not None:
@@ -464,6 +556,9 @@ def build_snapshot_asset(config: PlatformConfig, table: TableConfig) -> dg.Asset
             raise dg.Failure(description=str(exc), allow_retries=False) from None
         except psycopg.OperationalError as exc:
             raise dg.Failure(description=connection_failure(config, table, exc)) from None
+        except pymysql.err.MySQLError as exc:
+            error = classify_mysql_error(exc, table.source, config.jdbc(table.source))
+            raise dg.Failure(description=str(error), allow_retries=error.retriable) from None
         metadata = snapshot_metadata(result)
         metadata["rehydration_reason"] = dg.MetadataValue.text(reason)
         if "cdc/detail" in context.run.tags:

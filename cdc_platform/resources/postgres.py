@@ -7,7 +7,7 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 from pydantic import Field
 
-from cdc_platform.config import PlatformConfig
+from cdc_platform.config import PlatformConfig, PostgresSource
 
 
 class PostgresConnection(dg.Config):
@@ -52,5 +52,6 @@ class PostgresSourcesResource(dg.ConfigurableResource["PostgresSourcesResource"]
                     connect_options=dict(src.connect_options),
                 )
                 for name, src in config.sources.items()
+                if isinstance(src, PostgresSource)
             }
         )

@@ -22,12 +22,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-
-from cdc_platform.capture.pg_catalog import describe_table, resolve_pg_types
+from cdc_platform.capture.catalog import describe_source
 from cdc_platform.config import ErrorTolerance, PlatformConfig, TableConfig
 from cdc_platform.envelope.changes import LakeColumnSpec
-from cdc_platform.spark.snapshot import generation_info, list_generations, source_conninfo, table_root
+from cdc_platform.spark.snapshot import generation_info, list_generations, table_root
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -171,9 +169,7 @@ def _offsets_for_time(consumer: Any, topic: str, partitions: list[int], when: da
 
 
 def lake_columns(config: PlatformConfig, table: TableConfig) -> list[LakeColumnSpec]:
-    with psycopg.connect(source_conninfo(config, table), autocommit=True) as conn:
-        described = describe_table(conn, table.schema_name, table.table_name)
-        types = resolve_pg_types(conn, [c.type_oid for c in described.columns])
+    described, types = describe_source(config, table)
     return [LakeColumnSpec(c.name, types[c.type_oid], c.type_modifier, c.dims) for c in described.columns]
 
 

@@ -51,6 +51,10 @@ class CurrentResult:
     duration_s: float
     waiting_for: list[str] = field(default_factory=list)  # partitions stopped at a gap
     history: HistoryResult | None = None  # when the table keeps an SCD2 history
+    # a rebuild from a new generation: rows the previous current held that the source no
+    # longer has (hard deletes a polled source cannot see, or deletes lost in a gap)
+    dropped_by_generation: int | None = None
+    dropped_sample: list[str] = field(default_factory=list)
 
 
 def current_path(config: PlatformConfig, table: TableConfig) -> str:
@@ -153,6 +157,10 @@ def apply_changes(spark: SparkSession, config: PlatformConfig, table: TableConfi
         or (history is not None and not DeltaTable.isDeltaTable(spark, history))
     )
     history_result = HistoryResult(0, 0)
+    previous_version: int | None = None
+    if rebuilt and state is not None and DeltaTable.isDeltaTable(spark, path):
+        last = DeltaTable.forPath(spark, path).history(1).select("version").first()
+        previous_version = int(last["version"]) if last else None
     if rebuilt:
         frame = spark.read.format("delta").load(snapshot)
         frame.select(
@@ -206,6 +214,10 @@ def apply_changes(spark: SparkSession, config: PlatformConfig, table: TableConfi
     state["frontier"] = {str(p): o for p, o in new_frontier.items()}
     _write_state(spark, config, table, state)
     rows = spark.read.format("delta").load(path).count()
+    dropped: int | None = None
+    dropped_sample: list[str] = []
+    if previous_version is not None:
+        dropped, dropped_sample = _dropped_rows(spark, path, previous_version, _key_columns(table, info))
     waiting = [
         f"partition {p} at offset {o}"
         for p, o in new_frontier.items()
@@ -222,7 +234,23 @@ def apply_changes(spark: SparkSession, config: PlatformConfig, table: TableConfi
         duration_s=round(time.monotonic() - started, 3),
         waiting_for=waiting,
         history=history_result if history is not None else None,
+        dropped_by_generation=dropped,
+        dropped_sample=dropped_sample,
     )
+
+
+def _dropped_rows(spark: SparkSession, path: str, previous_version: int, keys: list[str]) -> tuple[int, list[str]]:
+    """Keys the previous current (Delta version ``previous_version``) held that the rebuilt one has not."""
+    from cdc_platform.spark.checks import key_samples
+
+    columns = [f"`{k}`" for k in keys]
+    before = spark.read.format("delta").option("versionAsOf", previous_version).load(path).select(*columns)
+    now = spark.read.format("delta").load(path).select(*columns)
+    dropped = before.join(now, keys, "left_anti").cache()
+    try:
+        return dropped.count(), key_samples(dropped, keys, "dropped")
+    finally:
+        dropped.unpersist()
 
 
 def _key_columns(table: TableConfig, info: dict[str, Any]) -> list[str]:

@@ -102,7 +102,7 @@ def kafka_end_offsets(config: PlatformConfig, topic: str) -> dict[int, int]:
 
 def source_conninfo(config: PlatformConfig, table: TableConfig) -> str:
     """libpq connection string for the table's source (holds the password: never log it)."""
-    return config.sources[table.source].conninfo(table.source, "cdc_platform_snapshot")
+    return config.postgres(table.source).conninfo(table.source, "cdc_platform_snapshot")
 
 
 class SparkProgress(threading.Thread):
@@ -179,6 +179,10 @@ def take_snapshot(
 ) -> SnapshotResult:
     from pyspark.sql import functions as F
 
+    if config.is_polled(table):
+        from cdc_platform.spark.jdbc_snapshot import take_jdbc_snapshot
+
+        return take_jdbc_snapshot(spark, config, table, generation, log_progress)
     started = time.monotonic()
     conninfo = source_conninfo(config, table)
     topic = config.topic_for(table)
@@ -271,7 +275,7 @@ def _read(
 ) -> DataFrame:
     from pyspark.sql import functions as F
 
-    src = config.sources[table.source]
+    src = config.postgres(table.source)
     query = "(SELECT {} FROM {}.{}) AS snapshot_source".format(
         ", ".join(c.select_sql for c in columns), quote_ident(described.schema), quote_ident(described.name)
     )

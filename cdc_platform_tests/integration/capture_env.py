@@ -123,38 +123,42 @@ class CaptureEnv:
 
     def consume(self, tables: Sequence[str] | None = None, idle_s: float = 1.5) -> list[Message]:
         """Every record now in the tables' topics (all partitions, from the beginning)."""
-        topics = [self.topic(t) for t in (tables or self.tables)]
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.profile.kafka_bootstrap,
-                "group.id": f"test-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-            }
-        )
-        metadata = consumer.list_topics(timeout=10)
-        assignment = [
-            TopicPartition(t, p, 0) for t in topics if t in metadata.topics for p in metadata.topics[t].partitions
-        ]
-        consumer.assign(assignment)
-        out: list[Message] = []
-        eof: set[tuple[str, int]] = set()
-        deadline = time.monotonic() + 60
+        return consume_topics(self.profile.kafka_bootstrap, [self.topic(t) for t in (tables or self.tables)], idle_s)
+
+
+def consume_topics(bootstrap: str, topics: Sequence[str], idle_s: float = 1.5) -> list[Message]:
+    """Every record now in ``topics`` (all partitions, from the beginning)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    metadata = consumer.list_topics(timeout=10)
+    assignment = [
+        TopicPartition(t, p, 0) for t in topics if t in metadata.topics for p in metadata.topics[t].partitions
+    ]
+    consumer.assign(assignment)
+    out: list[Message] = []
+    eof: set[tuple[str, int]] = set()
+    deadline = time.monotonic() + 60
+    last = time.monotonic()
+    while time.monotonic() < deadline:
+        msg = consumer.poll(0.2)
+        if msg is None:
+            if len(eof) == len(assignment) and time.monotonic() - last > idle_s:
+                break
+            continue
+        if msg.error():
+            if msg.error().code() == -191:  # _PARTITION_EOF
+                eof.add((msg.topic(), msg.partition()))
+            continue
         last = time.monotonic()
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is None:
-                if len(eof) == len(assignment) and time.monotonic() - last > idle_s:
-                    break
-                continue
-            if msg.error():
-                if msg.error().code() == -191:  # _PARTITION_EOF
-                    eof.add((msg.topic(), msg.partition()))
-                continue
-            last = time.monotonic()
-            out.append(Message(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value()))
-        consumer.close()
-        return out
+        out.append(Message(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value()))
+    consumer.close()
+    return out
 
 
 def make_capture_env(
