@@ -74,7 +74,9 @@ def map_column(name: str, data_type: str, column_type: str, precision: int | Non
 
     if dt in ("tinyint", "bool", "boolean") and (re.match(r"^tinyint\(1\)", ct) or dt != "tinyint"):
         return mapped(OID_BOOL, sql=f"({ident} <> 0)", decode="bool")
-    if dt in ("tinyint", "year") or (dt == "smallint" and not unsigned):
+    if dt == "year":  # JDBC would read it as a date
+        return mapped(OID_INT2, sql=f"CAST({ident} AS UNSIGNED)")
+    if dt == "tinyint" or (dt == "smallint" and not unsigned):
         return mapped(OID_INT2)
     if dt in ("mediumint", "smallint") or (dt == "int" and not unsigned) or (dt == "integer" and not unsigned):
         return mapped(OID_INT4)
@@ -104,8 +106,10 @@ def map_column(name: str, data_type: str, column_type: str, precision: int | Non
         return mapped(OID_JSON, sql=f"CAST({ident} AS CHAR)", decode="text")
     if dt in ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"):
         return mapped(OID_BYTEA, sql=f"HEX({ident})", decode="hex")
-    if dt in ("char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set"):
+    if dt in ("varchar", "tinytext", "text", "mediumtext", "longtext"):
         return mapped(OID_TEXT)
+    # char/enum/set: as text, so JDBC readers do not pad them to a declared width (MariaDB
+    # returns CHAR values without trailing spaces)
     # time, uuid, inet4/6, geometry…: the server's text form
     return mapped(OID_TEXT, sql=f"CAST({ident} AS CHAR)", decode="text")
 
