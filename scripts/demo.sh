@@ -33,7 +33,8 @@ stop() {  # stop NAME MARKER: the whole process group we started (dagster dev ha
 case "${1:-}" in
   --status)
     for n in workload:"demo load" capture-shop:"capture run --source shop" \
-             capture-bench:"capture run --source bench" dagster:"dagster dev"; do
+             capture-bench:"capture run --source bench" capture-crm:"capture run --source crm" \
+             dagster:"dagster dev"; do
       pid="$(alive "${n%%:*}" "${n#*:}" || true)"
       if [[ -n "$pid" ]]; then echo "${n%%:*}: up (pid $pid)"; else echo "${n%%:*}: down"; fi
     done
@@ -41,6 +42,7 @@ case "${1:-}" in
   --stop)
     stop dagster "dagster dev"; stop workload "demo load"
     stop capture-shop "capture run --source shop"; stop capture-bench "capture run --source bench"
+    stop capture-crm "capture run --source crm"
     exit 0 ;;
 esac
 
@@ -57,8 +59,9 @@ else
 fi
 
 "$V/cdc-platform" config check
-# Capture: one long-running process per source (like a Kafka Connect worker).
-for source in shop bench; do
+# Capture: one long-running process per source (like a Kafka Connect worker): logical
+# decoding for the PostgreSQL sources, polling for the MariaDB one.
+for source in shop bench crm; do
   if [[ -z "$(alive "capture-$source" "capture run --source $source" || true)" ]]; then
     setsid "$V/cdc-platform" capture run --source "$source" --status-file "$P/capture-$source.json" \
       >> "$LOGS/capture-$source.log" 2>&1 &
@@ -93,6 +96,6 @@ if [[ "${CDC_DEMO_DETACH:-0}" == "1" ]]; then
   done
   echo "Dagster UI did not answer on 127.0.0.1:$UI_PORT within 120 s; see $LOGS/dagster.log" >&2; exit 1
 fi
-trap 'stop workload "demo load"; stop capture-shop "capture run --source shop"; stop capture-bench "capture run --source bench"' EXIT
+trap 'stop workload "demo load"; stop capture-shop "capture run --source shop"; stop capture-bench "capture run --source bench"; stop capture-crm "capture run --source crm"' EXIT
 echo "Dagster UI: http://127.0.0.1:$UI_PORT  (Ctrl-C stops the UI, the workload and capture; 'make down' stops the stack)"
 "$V/dagster" dev -h 127.0.0.1 -p "$UI_PORT" -w workspace.yaml

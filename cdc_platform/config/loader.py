@@ -10,7 +10,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from cdc_platform.config.model import PlatformConfig
+from cdc_platform.config.model import JdbcSource, PlatformConfig, PostgresSource
+
+SOURCE_MODELS: dict[str, type[BaseModel]] = {"postgres": PostgresSource, "jdbc": JdbcSource}
 
 CONFIG_ENV = "CDC_PLATFORM_CONFIG"
 DEFAULT_CONFIG_NAME = "cdc_platform.yaml"
@@ -65,11 +67,14 @@ def _resolve_paths(config: PlatformConfig, config_path: Path) -> PlatformConfig:
 def _describe(exc: ValidationError, node: yaml.Node | None, path: Path) -> list[str]:
     problems = []
     for error in exc.errors(include_url=False):
-        loc = _strip_union_tags(error["loc"])
+        raw = tuple(error["loc"])
+        # a source's kind is a tagged union: pydantic puts the tag (postgres/jdbc) in the location
+        source_kind = raw[2] if len(raw) > 2 and raw[0] == "sources" and raw[2] in SOURCE_MODELS else None
+        loc = _strip_union_tags(raw[:2] + raw[3:] if source_kind else raw)
         field = _format_loc(loc)
         line = _line_of(node, loc)
         where = f"{path.name}:{line}" if line else path.name
-        message = _explain(error, loc)
+        message = _explain(error, loc, str(source_kind) if source_kind else None)
         problems.append(f"{where}: {field or '(top level)'}: {message}")
     return problems
 
@@ -89,10 +94,13 @@ def _format_loc(loc: Sequence[int | str]) -> str:
     return out
 
 
-def _explain(error: Any, loc: tuple[int | str, ...]) -> str:
+def _explain(error: Any, loc: tuple[int | str, ...], source_kind: str | None = None) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(loc[:-1])
+        if source_kind is not None and len(loc) == 3:
+            allowed = sorted(SOURCE_MODELS[source_kind].model_fields)
+        else:
+            allowed = _allowed_keys(loc[:-1])
         hint = f"; allowed keys: {', '.join(allowed)}" if allowed else ""
         return f"unknown key '{loc[-1]}'{hint}"
     if kind == "missing":

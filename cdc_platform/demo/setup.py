@@ -1,4 +1,5 @@
-"""Create the demo databases: the ``shop`` OLTP schema and pgbench's tables in ``bench``."""
+"""Create the demo databases: the ``shop`` OLTP schema and pgbench's tables in ``bench``
+(PostgreSQL, captured from the WAL), and the ``crm`` database in MariaDB (polled)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from importlib import resources
 
 from psycopg import sql
 
+from cdc_platform.demo.crm import setup_crm
 from cdc_platform.devstack.postgres import APP_ROLE, CAPTURE_ROLE, PASSWORD_ENVS, LocalPostgres, pgbench_path
 from cdc_platform.devstack.profiles import StackProfile
 
@@ -51,6 +53,7 @@ def setup_demo(profile: StackProfile, pgbench_scale: int = 1, seed_customers: in
         # pgbench_history has no key and is not captured in the demo config
         _ensure_publication(conn, "cdc_bench", PGBENCH_TABLES[:3])
         conn.execute("RESET ROLE")
+    yield setup_crm(profile)
 
 
 def _ensure_publication(conn: object, name: str, tables: tuple[str, ...]) -> None:

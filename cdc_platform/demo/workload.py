@@ -18,6 +18,7 @@ from decimal import Decimal
 import psycopg
 from psycopg.types.json import Jsonb
 
+from cdc_platform.demo.crm import CrmWorkload, crm_connect
 from cdc_platform.devstack.postgres import APP_ROLE, PASSWORD_ENVS
 from cdc_platform.devstack.profiles import StackProfile
 
@@ -279,14 +280,17 @@ def run_workload(
         raise ValueError("--rate must be > 0 transactions per second")
     rng = random.Random(seed)
     start = time.monotonic()
-    with app_connect(profile) as conn:
+    with app_connect(profile) as conn, crm_connect(profile) as crm, crm.cursor() as crm_cur:
         conn.autocommit = True  # each step opens its own transaction block
         gen = ShopWorkload(conn, rng)
+        crm_gen = CrmWorkload(crm_cur, rng)  # the polled MariaDB source: one step in four
         next_at = start
         last_report = start
         try:
             while seconds <= 0 or time.monotonic() - start < seconds:
                 gen.step()
+                if rng.random() < 0.25:
+                    gen.stats.operations[f"crm.{crm_gen.step()}"] += 1
                 next_at += 1.0 / rate
                 delay = next_at - time.monotonic()
                 if delay > 0:

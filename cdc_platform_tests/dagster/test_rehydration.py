@@ -30,6 +30,7 @@ from cdc_platform.spark.changelog import materialize_window
 from cdc_platform.spark.current import current_path
 from cdc_platform.spark.snapshot import take_snapshot
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
+from cdc_platform_tests.integration.polling_env import PollingEnv
 
 pytestmark = pytest.mark.integration
 
@@ -57,10 +58,10 @@ class Harness:
     """The code location built from the env's config, a real (temporary) instance, and the
     rehydration sensor evaluated tick by tick with its cursor carried over."""
 
-    def __init__(self, env: CaptureEnv, instance: dg.DagsterInstance) -> None:
+    def __init__(self, env: CaptureEnv | PollingEnv, instance: dg.DagsterInstance, table_key: str = "") -> None:
         self.env, self.instance = env, instance
         self.config = env.config
-        self.table = self.config.table(f"cap.{env.schema}.items")
+        self.table = self.config.table(table_key or f"cap.{getattr(env, 'schema', '')}.items")
         self.defs = build_definitions(self.config)
         self.cursor: str | None = None
 

@@ -67,8 +67,11 @@ def test_valid_file_loads_with_defaults(tmp_path: Path) -> None:
 
 def test_the_repos_demo_config_is_valid() -> None:
     config = load_config(REPO_ROOT / "cdc_platform.yaml")
-    assert {t.source for t in config.tables} == {"shop", "bench"}
+    assert {t.source for t in config.tables} == {"shop", "bench", "crm"}
     assert config.table("shop.public.audit_events").primary_key == ["event_id"]
+    accounts = config.table("crm.crm.accounts")
+    assert config.is_polled(accounts) and not config.is_polled(config.table("shop.public.orders"))
+    assert accounts.poll is not None and accounts.poll.mode == "timestamp+incrementing"
 
 
 def test_missing_field_names_file_line_and_field(tmp_path: Path) -> None:

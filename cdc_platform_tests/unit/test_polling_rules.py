@@ -1,0 +1,142 @@
+"""Pure parts of the polling source: MariaDB type mapping (one row per type), value
+conversion, soft-delete rule, poll config validation, the reconciliation decision."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from pydantic import ValidationError
+
+from cdc_platform.capture.mysql_catalog import (
+    MappedColumn,
+    json_valid_columns,
+    live_row_sql,
+    map_column,
+    pg_text,
+    soft_deleted,
+)
+from cdc_platform.config.model import PlatformConfig, PollConfig
+from cdc_platform.envelope.pgtypes import ConversionOptions, builtin_type, to_json_value
+from cdc_platform.rehydration import Reason, reconciliation_due
+from cdc_platform.spark.lake_types import lake_type
+
+# information_schema's DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE -> lake type
+MAPPING_CASES = [
+    ("tinyint", "tinyint(1)", 3, 0, "boolean"),
+    ("tinyint", "tinyint(4)", 3, 0, "smallint"),
+    ("tinyint", "tinyint(3) unsigned", 3, 0, "smallint"),
+    ("smallint", "smallint(6)", 5, 0, "smallint"),
+    ("smallint", "smallint(5) unsigned", 5, 0, "int"),
+    ("mediumint", "mediumint(8) unsigned", 7, 0, "int"),
+    ("int", "int(11)", 10, 0, "int"),
+    ("int", "int(10) unsigned", 10, 0, "bigint"),
+    ("bigint", "bigint(20)", 19, 0, "bigint"),
+    ("bigint", "bigint(20) unsigned", 20, 0, "decimal(20,0)"),
+    ("bit", "bit(1)", 1, None, "bigint"),
+    ("bit", "bit(64)", 64, None, "decimal(20,0)"),
+    ("decimal", "decimal(12,2)", 12, 2, "decimal(12,2)"),
+    ("decimal", "decimal(65,30)", 65, 30, "string"),
+    ("float", "float", 12, None, "float"),
+    ("double", "double", 22, None, "double"),
+    ("date", "date", None, None, "date"),
+    ("datetime", "datetime(6)", None, None, "timestamp_ntz"),
+    ("timestamp", "timestamp(3)", None, None, "timestamp"),
+    ("time", "time", None, None, "string"),
+    ("year", "year(4)", None, None, "smallint"),
+    ("json", "json", None, None, "string"),
+    ("longtext", "longtext", None, None, "string"),
+    ("varbinary", "varbinary(16)", None, None, "binary"),
+    ("blob", "blob", None, None, "binary"),
+    ("char", "char(3)", None, None, "string"),
+    ("enum", "enum('a','b')", None, None, "string"),
+    ("uuid", "uuid", None, None, "string"),
+    ("geometry", "geometry", None, None, "string"),
+]
+
+
+@pytest.mark.parametrize(("data_type", "column_type", "precision", "scale", "lake"), MAPPING_CASES)
+def test_each_mariadb_type_maps_to_its_lake_type(
+    data_type: str, column_type: str, precision: int | None, scale: int | None, lake: str
+) -> None:
+    mapped = map_column("c", data_type, column_type, precision, scale)
+    pgtype = builtin_type(mapped.pg_oid)
+    assert pgtype is not None
+    assert lake_type(pgtype, mapped.typmod).simpleString() == lake
+
+
+def test_mariadb_json_is_a_checked_longtext() -> None:
+    assert json_valid_columns(["json_valid(`doc`)", "`qty` > 0", "JSON_VALID(`we``ird`)"]) == {"doc", "we`ird"}
+    mapped = map_column("doc", "longtext", "longtext", None, None, is_json=True)
+    assert mapped.pg_oid == 114 and mapped.select_sql == "CAST(`doc` AS CHAR)"
+
+
+def _envelope(
+    value: object, data_type: str, column_type: str, precision: int | None = None, scale: int | None = None
+) -> object:
+    mapped = map_column("c", data_type, column_type, precision, scale)
+    pgtype = builtin_type(mapped.pg_oid)
+    assert pgtype is not None
+    return to_json_value(pg_text(value, mapped.decode), pgtype, mapped.typmod, ConversionOptions("string"))
+
+
+def test_values_read_by_the_poller_become_envelope_values() -> None:
+    assert _envelope(1, "tinyint", "tinyint(1)") is True
+    assert _envelope("18446744073709551615", "bigint", "bigint(20) unsigned", 20, 0) == "18446744073709551615"
+    assert _envelope(Decimal("-12.50"), "decimal", "decimal(12,2)", 12, 2) == "-12.50"
+    assert _envelope("DEADBEEF", "blob", "blob") == "3q2+7w=="  # base64, as Debezium writes bytes
+    assert _envelope("2024-02-29 23:59:59.123456", "timestamp", "timestamp(6)") == "2024-02-29T23:59:59.123456Z"
+    assert _envelope("2024-02-29 23:59:59.000000", "datetime", "datetime(6)") == 1709251199000000
+    assert _envelope(None, "int", "int(11)") is None
+
+
+def test_soft_delete_marker_rule_matches_its_sql() -> None:
+    flag = MappedColumn("is_deleted", "tinyint(1)", 16, -1, "(`is_deleted` <> 0)", "bool")
+    stamp = MappedColumn("deleted_at", "datetime(6)", 1114, -1, "DATE_FORMAT(...)", "timestamp")
+    assert [soft_deleted(v, flag) for v in (None, 0, 1)] == [False, False, True]
+    assert [soft_deleted(v, stamp) for v in (None, "2026-01-01 00:00:00.000000")] == [False, True]
+    assert live_row_sql(flag) == "(`is_deleted` IS NULL OR `is_deleted` = 0)"
+    assert live_row_sql(stamp) == "`deleted_at` IS NULL"
+
+
+def test_poll_modes_need_their_columns() -> None:
+    with pytest.raises(ValidationError, match="needs incrementing_column"):
+        PollConfig(mode="timestamp+incrementing", timestamp_column="updated_at")
+    with pytest.raises(ValidationError, match="needs timestamp_column"):
+        PollConfig(mode="timestamp")
+    with pytest.raises(ValidationError, match="not used in mode 'incrementing'"):
+        PollConfig(mode="incrementing", incrementing_column="id", timestamp_column="updated_at")
+    assert PollConfig(mode="timestamp", timestamp_column="t", reconcile_every="6h").reconcile_every_s() == 21600
+
+
+def _config(table: dict[str, object], source_kind: str = "jdbc") -> dict[str, object]:
+    source: dict[str, object] = {"database": "crm", "user": "u", "password_env": "P"}
+    if source_kind == "jdbc":
+        source["kind"] = "jdbc"
+    return {
+        "sources": {"crm": source},
+        "kafka": {"bootstrap_servers": "127.0.0.1:9092"},
+        "lake": {"root": "lake"},
+        "tables": [table],
+    }
+
+
+def test_jdbc_tables_need_a_poll_block_and_postgres_tables_refuse_one() -> None:
+    poll = {"mode": "incrementing", "incrementing_column": "id"}
+    config = PlatformConfig.model_validate(_config({"name": "crm.crm.accounts", "poll": poll}))
+    assert config.is_polled(config.tables[0])
+    with pytest.raises(ValidationError, match=r"needs a poll block, e\.g\. poll:"):
+        PlatformConfig.model_validate(_config({"name": "crm.crm.accounts"}))
+    with pytest.raises(ValidationError, match="captured by logical decoding; remove the poll block"):
+        PlatformConfig.model_validate(_config({"name": "crm.public.accounts", "poll": poll}, "postgres"))
+    with pytest.raises(ValidationError, match="plain-text password is not allowed"):
+        data = _config({"name": "crm.crm.accounts", "poll": poll})
+        data["sources"]["crm"]["password"] = "x"  # type: ignore[index]
+        PlatformConfig.model_validate(data)
+
+
+def test_reconciliation_is_due_once_per_generation_after_its_interval() -> None:
+    assert reconciliation_due("crm.crm.a", "g1", 1000.0, 3600.0, 1000.0 + 3599) is None
+    due = reconciliation_due("crm.crm.a", "g1", 1000.0, 3600.0, 1000.0 + 3601)
+    assert due is not None and due.reason is Reason.RECONCILIATION and due.cause == "reconcile:g1"
+    assert reconciliation_due("crm.crm.a", "g1", 1000.0, None, 10**9) is None  # not configured
