@@ -329,7 +329,7 @@ def build_current_asset(config: PlatformConfig, table: TableConfig) -> dg.Assets
             raise dg.Failure(description=str(exc), allow_retries=False) from None
         if result.waiting_for:
             context.log.warning(f"{table.key}: waiting for changelog windows: {', '.join(result.waiting_for)}")
-        yield dg.MaterializeResult(asset_key=key, metadata=current_metadata(result))
+        yield dg.MaterializeResult(asset_key=key, metadata=current_metadata(result, config.is_polled(table)))
         if result.history is not None:
             yield dg.MaterializeResult(
                 asset_key=history_asset_key(table),
@@ -406,7 +406,7 @@ def build_current_asset(config: PlatformConfig, table: TableConfig) -> dg.Assets
     return current
 
 
-def current_metadata(result: CurrentResult) -> dict[str, Any]:
+def current_metadata(result: CurrentResult, polled: bool = False) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "dagster/row_count": dg.MetadataValue.int(result.rows),
         "rows": dg.MetadataValue.int(result.rows),
@@ -420,7 +420,7 @@ def current_metadata(result: CurrentResult) -> dict[str, Any]:
         metadata["rows_dropped_by_generation"] = dg.MetadataValue.int(result.dropped_by_generation)
         metadata["dropped_sample"] = dg.MetadataValue.json(result.dropped_sample)
     if result.applied_commit_lsn is not None:
-        metadata["last_applied_lsn"] = dg.MetadataValue.text(format_lsn(result.applied_commit_lsn))
+        metadata["last_applied_lsn"] = dg.MetadataValue.text(position_text(result.applied_commit_lsn, polled))
     if result.last_source_ts is not None:
         commit = datetime.fromisoformat(result.last_source_ts)
         commit = commit if commit.tzinfo else commit.replace(tzinfo=UTC)
@@ -485,12 +485,12 @@ def build_changelog_asset(config: PlatformConfig, table: TableConfig) -> dg.Asse
         except (DeadLetterError, SourceTableError, MissingSecretError, SnapshotError) as exc:
             raise dg.Failure(description=str(exc), allow_retries=False) from None
         context.log.info(f"{table.key} window {result.window_start}: {result.rows} events {result.events}")
-        return dg.MaterializeResult(metadata=changelog_metadata(result))
+        return dg.MaterializeResult(metadata=changelog_metadata(result, config.is_polled(table)))
 
     return changelog
 
 
-def changelog_metadata(result: WindowResult) -> dict[str, Any]:
+def changelog_metadata(result: WindowResult, polled: bool = False) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "events": dg.MetadataValue.int(result.rows),
         "dead_letters": dg.MetadataValue.int(result.dead_letters),
@@ -502,9 +502,16 @@ def changelog_metadata(result: WindowResult) -> dict[str, Any]:
     for op in ("c", "u", "d", "t", "r", "tombstone"):
         metadata[f"events_{op}"] = dg.MetadataValue.int(result.events.get(op, 0))
     if result.min_commit_lsn is not None and result.max_commit_lsn is not None:
-        metadata["min_commit_lsn"] = dg.MetadataValue.text(format_lsn(result.min_commit_lsn))
-        metadata["max_commit_lsn"] = dg.MetadataValue.text(format_lsn(result.max_commit_lsn))
+        metadata["min_commit_lsn"] = dg.MetadataValue.text(position_text(result.min_commit_lsn, polled))
+        metadata["max_commit_lsn"] = dg.MetadataValue.text(position_text(result.max_commit_lsn, polled))
     return metadata
+
+
+def position_text(position: int, polled: bool) -> str:
+    """A source position as users know it: an LSN, or a polled source's database clock."""
+    if polled:
+        return f"{datetime.fromtimestamp(position / 1e9, UTC).isoformat()} (poll position {position})"
+    return format_lsn(position)
 
 
 def connection_failure(config: PlatformConfig, table: TableConfig, exc: psycopg.OperationalError) -> str:
@@ -559,7 +566,7 @@ def build_snapshot_asset(config: PlatformConfig, table: TableConfig) -> dg.Asset
         except pymysql.err.MySQLError as exc:
             error = classify_mysql_error(exc, table.source, config.jdbc(table.source))
             raise dg.Failure(description=str(error), allow_retries=error.retriable) from None
-        metadata = snapshot_metadata(result)
+        metadata = snapshot_metadata(result, config.is_polled(table))
         metadata["rehydration_reason"] = dg.MetadataValue.text(reason)
         if "cdc/detail" in context.run.tags:
             metadata["rehydration_detail"] = dg.MetadataValue.text(context.run.tags["cdc/detail"])
@@ -568,7 +575,7 @@ def build_snapshot_asset(config: PlatformConfig, table: TableConfig) -> dg.Asset
     return snapshot
 
 
-def snapshot_metadata(result: SnapshotResult) -> dict[str, Any]:
+def snapshot_metadata(result: SnapshotResult, polled: bool = False) -> dict[str, Any]:
     return {
         "dagster/row_count": dg.MetadataValue.int(result.rows),
         "rows": dg.MetadataValue.int(result.rows),
@@ -576,7 +583,7 @@ def snapshot_metadata(result: SnapshotResult) -> dict[str, Any]:
         "bytes": dg.MetadataValue.int(result.bytes),
         "duration_s": dg.MetadataValue.float(result.duration_s),
         "spark_partitions": dg.MetadataValue.int(result.spark_partitions),
-        "watermark_lsn": dg.MetadataValue.text(format_lsn(result.watermark.lsn)),
+        "watermark_lsn": dg.MetadataValue.text(position_text(result.watermark.lsn, polled)),
         "watermark_lsn_int": dg.MetadataValue.int(result.watermark.lsn),
         "watermark_taken_at": dg.MetadataValue.text(result.watermark.taken_at),
         "watermark_kafka_end_offsets": dg.MetadataValue.json(

@@ -74,9 +74,35 @@ def verify_table(
     return verdict
 
 
+def _wait_until_polled(config: PlatformConfig, table: TableConfig, deadline: float) -> tuple[int, str]:
+    """A polled table: the database clock now, and a poll that began after it and read to the end."""
+    from cdc_platform.capture.jdbc import connect_mysql, database_clock_ns, read_stored_cursors
+
+    conn = connect_mysql(config.jdbc(table.source), table.source, "verify")
+    try:
+        position = database_clock_ns(conn)
+    finally:
+        conn.close()
+    while True:
+        cursor = read_stored_cursors(config, table.source).get(table.key)
+        if cursor is not None and cursor.caught_up_at >= position:
+            return position, ""
+        if time.monotonic() > deadline:
+            return position, (
+                "the poller has not read the table to the end since verify started; is it running? start it: "
+                f"cdc-platform capture run --source {table.source}"
+            )
+        time.sleep(1.0)
+
+
 def _wait_until_applied(
     spark: SparkSession, config: PlatformConfig, table: TableConfig, deadline: float, log: Callable[[str], None]
 ) -> tuple[int, str]:
+    if config.is_polled(table):
+        position, note = _wait_until_polled(config, table, deadline)
+        if note:
+            return position, note
+        return position, _wait_for_current(spark, config, table, deadline, log)
     with psycopg.connect(source_conninfo(config, table), autocommit=True) as conn:
         row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
         assert row is not None
@@ -95,6 +121,13 @@ def _wait_until_applied(
                     f"is capture running? start it: cdc-platform capture run --source {table.source}"
                 )
             time.sleep(1.0)
+    return position, _wait_for_current(spark, config, table, deadline, log)
+
+
+def _wait_for_current(
+    spark: SparkSession, config: PlatformConfig, table: TableConfig, deadline: float, log: Callable[[str], None]
+) -> str:
+    """Until current applied every offset Kafka holds now ('' when it did, else why not)."""
     ends = kafka_end_offsets(config, config.topic_for(table))
     topic = config.topic_for(table)
     logged = False
@@ -103,9 +136,9 @@ def _wait_until_applied(
         frontier = {int(p): int(o) for p, o in (state or {}).get("frontier", {}).items()}
         behind = {p: e - frontier.get(p, 0) for p, e in ends.items() if frontier.get(p, 0) < e}
         if state is not None and not behind:
-            return position, ""
+            return ""
         if time.monotonic() > deadline:
-            return position, (
+            return (
                 f"current has not applied up to the start position ({sum(behind.values())} offsets behind in "
                 f"{topic}); materialize the changelog windows and current (the daemon's sensors do, or run "
                 f"cdc-platform current {table.key} once the windows are closed), or raise --timeout"

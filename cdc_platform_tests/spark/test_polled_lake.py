@@ -4,6 +4,7 @@ completeness and dropped by a reconciliation generation."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -12,11 +13,13 @@ from typing import Any
 
 import pytest
 
+from cdc_platform.capture.jdbc import PollOptions
 from cdc_platform.devstack import StackProfile
 from cdc_platform.spark.changelog import materialize_window
 from cdc_platform.spark.checks import check_completeness
 from cdc_platform.spark.current import apply_changes, current_path
 from cdc_platform.spark.snapshot import take_snapshot
+from cdc_platform.spark.verify import verify_table
 from cdc_platform_tests.cases.mysql_types import MYSQL_TYPE_CASES, type_cases_ddl
 from cdc_platform_tests.integration.polling_env import PollingEnv, make_polling_env
 
@@ -138,3 +141,18 @@ def test_hard_deletes_are_reported_and_a_reconciliation_generation_drops_them(en
     assert (
         check_completeness(spark, config, table, frame, later.frontier, later.applied_commit_lsn).deleted_in_source == 0
     )
+    # verify waits for a poll that began after it, then compares row by row; a hard
+    # delete shows as a row only current has
+    with env.db() as db:
+        db.execute("DELETE FROM accounts WHERE id = 14")
+    poller = env.poller()
+    poller.options = PollOptions(give_up_after_s=60)
+    running = threading.Thread(target=poller.run, daemon=True)
+    running.start()
+    try:
+        verdict = verify_table(spark, config, table, timeout_s=60, rounds=1)
+    finally:
+        poller.stop()
+        running.join(30)
+    assert (verdict.note, verdict.missing, verdict.mismatches, verdict.extra) == ("", 0, 0, 1)
+    assert verdict.sample == ['extra {"id": 14}']
