@@ -42,6 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pymysql
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -478,7 +479,7 @@ class PollingCapture:
             "ts_us": now_us,
             "ts_ns": now_us * 1000,
         }
-        value = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+        value = orjson.dumps(payload)  # compact UTF-8, like the log-based capture's envelope
         records: list[tuple[bytes, bytes | None]] = [(key, value)]
         if op == "d":
             records.append((key, None))  # tombstone: compaction may drop the row's events
