@@ -201,9 +201,6 @@ class JdbcSource(_Strict):
     def password(self, source_name: str) -> SecretStr:
         return read_secret(self.password_env, f"sources.{source_name}.password_env")
 
-    def jdbc_url(self) -> str:
-        return f"jdbc:{self.dialect}://{self.host}:{self.port}/{self.database}"
-
 
 SourceConfig = Annotated[
     Annotated[PostgresSource, Tag("postgres")] | Annotated[JdbcSource, Tag("jdbc")], Discriminator(_source_kind)

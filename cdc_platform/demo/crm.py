@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import uuid
 from typing import Any
 
 import pymysql
@@ -84,7 +85,7 @@ class CrmWorkload:
         self.cur.execute(
             "INSERT INTO accounts (email, plan, seats, mrr, external_ref, profile) VALUES (%s, %s, %s, %s, %s, %s)",
             (
-                f"user{self.rng.getrandbits(48):x}@example.com",
+                f"user{uuid.uuid4().hex[:16]}@example.com",  # unique across runs with the same seed
                 plan,
                 seats,
                 PLANS[plan] * seats,

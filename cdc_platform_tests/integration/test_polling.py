@@ -207,3 +207,16 @@ def test_unreachable_database_is_retried_then_reported(env: PollingEnv) -> None:
     with pytest.raises(RetriableCaptureError, match="gave up"):
         poller.run()
     assert poller.stats.reconnects >= 1
+
+
+def test_initial_latest_starts_after_the_rows_already_there(env: PollingEnv) -> None:
+    _items(
+        env, "{mode: timestamp+incrementing, timestamp_column: updated_at, incrementing_column: id, initial: latest}"
+    )
+    with env.db() as db:
+        db.executemany("INSERT INTO items (name) VALUES (%s)", [(f"old{i}",) for i in range(5)])
+    assert env.poll().stats.rows[f"crm.{env.database}.items"] == 0  # the generation brings these
+    with env.db() as db:
+        db.executemany("INSERT INTO items (name) VALUES (%s)", [("new0",), ("new1",)])
+    env.poll()
+    assert [_row(m)["name"] for m in _events(env)] == ["new0", "new1"]

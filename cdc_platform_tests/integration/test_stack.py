@@ -114,7 +114,7 @@ def _listening(port: int) -> list[str]:
 
 def test_services_listen_on_loopback_only(stack: StackProfile) -> None:
     loopback = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, ::ffff:127.0.0.1
-    for port in (stack.pg_port, stack.kafka_port, stack.controller_port):
+    for port in (stack.pg_port, stack.kafka_port, stack.controller_port, stack.mariadb_port):
         addresses = _listening(port)
         assert addresses, f"nothing listens on {port}"
         assert set(addresses) <= loopback, f"port {port} listens on {addresses}"
@@ -128,6 +128,7 @@ def test_demo_workload_inserts_updates_and_deletes(demo_db: StackProfile) -> Non
     kinds = {key.rsplit(".", 1)[1] for key, n in stats.rows.items() if n > 0}
     assert kinds == {"insert", "update", "delete"}
     assert stats.rows["order_lines.update"] > 0  # primary-key updates (renumbered lines)
+    assert sum(n for op, n in stats.operations.items() if op.startswith("crm.")) > 0  # the polled MariaDB source
     with app_connect(demo_db) as conn:
         after = conn.execute("SELECT count(*) FROM orders").fetchone()
         assert before is not None and after is not None
