@@ -135,6 +135,23 @@ def live_row_sql(column: MappedColumn) -> str:
     return f"{ident} IS NULL"
 
 
+_SCHEMA_NAMES = {
+    OID_BOOL: "boolean", OID_INT2: "smallint", OID_INT4: "integer", OID_INT8: "bigint", OID_FLOAT4: "real",
+    OID_FLOAT8: "double precision", OID_DATE: "date", OID_TIMESTAMP: "timestamp without time zone",
+    OID_TIMESTAMPTZ: "timestamp with time zone", OID_BYTEA: "bytea", OID_JSON: "json", OID_TEXT: "text",
+}  # fmt: skip
+
+
+def schema_type_name(oid: int, typmod: int) -> str:
+    """The mapped type in PostgreSQL's spelling, which the schema-compatibility rules know:
+    a MariaDB change is judged by what it does to the lake (int -> bigint widens,
+    varchar(20) -> varchar(40) changes nothing, bigint -> int narrows)."""
+    if oid == OID_NUMERIC:
+        value = typmod - 4
+        return f"numeric({(value >> 16) & 0xFFFF},{value & 0xFFFF})"
+    return _SCHEMA_NAMES[oid]
+
+
 def pg_text(value: Any, decode: str) -> str | None:
     """A value as read through ``select_sql`` -> the PostgreSQL text form the envelope codec
     converts (``pgtypes.to_json_value``). Pure; the poller's only value conversion."""

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, cast
 import psycopg
 
 from cdc_platform.capture.catalog import describe_source
-from cdc_platform.capture.pg_catalog import resolve_key
+from cdc_platform.capture.mysql_catalog import schema_type_name
+from cdc_platform.capture.pg_catalog import SourceColumn, resolve_key
 from cdc_platform.config import PlatformConfig, TableConfig
 from cdc_platform.schemas import ColumnVersion, SchemaChange, SchemaVersion, compare
 from cdc_platform.spark.changelog import changelog_path, dead_letters_path, recorded_ranges
@@ -146,8 +147,13 @@ def schema_history_path(config: PlatformConfig, table: TableConfig) -> str:
 def observed_schema(config: PlatformConfig, table: TableConfig) -> SchemaVersion:
     described, _ = describe_source(config, table)
     key = resolve_key(described, table.primary_key, f"tables[{table.key}].primary_key")
+    polled = config.is_polled(table)
+
+    def type_name(c: SourceColumn) -> str:
+        return schema_type_name(c.type_oid, c.type_modifier) if polled else c.type_name
+
     return SchemaVersion(
-        tuple(ColumnVersion(c.name, c.type_name, c.nullable, c.has_default) for c in described.columns), key
+        tuple(ColumnVersion(c.name, type_name(c), c.nullable, c.has_default) for c in described.columns), key
     )
 
 

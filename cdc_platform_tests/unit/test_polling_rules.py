@@ -14,11 +14,13 @@ from cdc_platform.capture.mysql_catalog import (
     live_row_sql,
     map_column,
     pg_text,
+    schema_type_name,
     soft_deleted,
 )
-from cdc_platform.config.model import PlatformConfig, PollConfig
+from cdc_platform.config.model import CompatibilityMode, PlatformConfig, PollConfig
 from cdc_platform.envelope.pgtypes import ConversionOptions, builtin_type, to_json_value
 from cdc_platform.rehydration import Reason, reconciliation_due
+from cdc_platform.schemas import ColumnVersion, SchemaVersion, compare
 from cdc_platform.spark.lake_types import lake_type
 
 # information_schema's DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE -> lake type
@@ -140,3 +142,23 @@ def test_reconciliation_is_due_once_per_generation_after_its_interval() -> None:
     due = reconciliation_due("crm.crm.a", "g1", 1000.0, 3600.0, 1000.0 + 3601)
     assert due is not None and due.reason is Reason.RECONCILIATION and due.cause == "reconcile:g1"
     assert reconciliation_due("crm.crm.a", "g1", 1000.0, None, 10**9) is None  # not configured
+
+
+def test_mariadb_schema_changes_are_judged_by_their_lake_types() -> None:
+    def version(column_type: str, data_type: str) -> SchemaVersion:
+        m = map_column("qty", data_type, column_type, None, None)
+        id_type = schema_type_name(map_column("id", "int", "int(11)", 10, 0).pg_oid, -1)
+        return SchemaVersion(
+            (
+                ColumnVersion("id", id_type, False, False),
+                ColumnVersion("qty", schema_type_name(m.pg_oid, m.typmod), True, False),
+            ),
+            ("id",),
+        )
+
+    assert compare(version("int(11)", "int"), version("bigint(20)", "bigint"), CompatibilityMode.BACKWARD).compatible
+    assert not compare(
+        version("bigint(20)", "bigint"), version("int(11)", "int"), CompatibilityMode.BACKWARD
+    ).compatible
+    same = compare(version("varchar(20)", "varchar"), version("varchar(40)", "varchar"), CompatibilityMode.FULL)
+    assert (same.added, same.dropped, same.retyped, same.problems) == ((), (), (), ())
