@@ -46,7 +46,7 @@ import orjson
 import pymysql
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from cdc_platform.capture.errors import CaptureError, FatalCaptureError, RetriableCaptureError
+from cdc_platform.capture.errors import Backoff, CaptureError, FatalCaptureError, RetriableCaptureError
 from cdc_platform.capture.mysql_catalog import (
     MappedColumn,
     describe_mysql_table,
@@ -215,7 +215,7 @@ class PollingCapture:
             raise FatalCaptureError(f"source '{self.source_name}' has no tables in the config; add some under tables:")
         topics = {t.key: self.config.topic_for(t) for t in tables}
         ensure_topics(self.config.kafka, list(topics.values()), [self.offsets_topic])
-        stored = self.load_cursors()
+        stored = read_stored_cursors(self.config, self.source_name)
         conn = connect_mysql(self.source, self.source_name, "poll")
         try:
             self.tables = [self._prepare(conn, t, topics[t.key], stored.get(t.key)) for t in tables]
@@ -281,50 +281,36 @@ class PollingCapture:
     def _cursor_key(self, table: TableConfig) -> bytes:
         return json.dumps({"source": self.source_name, "table": table.key}, separators=(",", ":")).encode()
 
-    def load_cursors(self) -> dict[str, TableCursor]:
-        """The newest stored cursor of each table (reads the compacted offsets topic)."""
-        return read_stored_cursors(self.config, self.source_name)
-
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> PollStats:
         """Poll until stopped (or, with ``until_caught_up``, until a round finds every table
         caught up). Retriable errors reconnect with backoff; fatal ones raise at once."""
-        wait = 0.5
-        failing_since: float | None = None
+        backoff = Backoff(self.options.max_reconnect_wait_s, self.options.give_up_after_s, self._sleep)
         while not self._stop:
             try:
                 if not self.tables:  # a database or broker still starting is retried like any poll
                     self.preflight()
                 caught_up = self.poll_round()
-                wait, failing_since = 0.5, None
+                backoff.reset()
                 if caught_up and self.options.until_caught_up:
                     return self.stats
                 self._sleep(self.source.poll_interval_s)
-            except pymysql.err.MySQLError as exc:
-                error = classify_mysql_error(exc, self.source_name, self.source)
+            except (pymysql.err.MySQLError, RetriableCaptureError) as exc:
+                error = (
+                    exc
+                    if isinstance(exc, RetriableCaptureError)
+                    else classify_mysql_error(exc, self.source_name, self.source)
+                )
                 if not error.retriable:
                     raise error from None
-                failing_since = self._backoff(error, wait, failing_since)
-                wait = min(wait * 2, self.options.max_reconnect_wait_s)
-            except RetriableCaptureError as error:
-                failing_since = self._backoff(error, wait, failing_since)
-                wait = min(wait * 2, self.options.max_reconnect_wait_s)
+                self.stats.reconnects += 1
+                backoff.failed(error)
         return self.stats
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while not self._stop and time.monotonic() < deadline:
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-
-    def _backoff(self, error: CaptureError, wait: float, failing_since: float | None) -> float:
-        now = time.monotonic()
-        failing_since = failing_since or now
-        if self.options.give_up_after_s is not None and now - failing_since > self.options.give_up_after_s:
-            raise RetriableCaptureError(f"{error} (gave up after {self.options.give_up_after_s:.0f} s)") from None
-        self.stats.reconnects += 1
-        log.warning("%s; retrying in %.1f s", error, wait)
-        self._sleep(wait)
-        return failing_since
 
     def poll_round(self) -> bool:
         """Poll every table until it is caught up (a batch shorter than batch_size) or the

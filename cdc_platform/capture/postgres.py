@@ -28,6 +28,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from psycopg import sql
 
 from cdc_platform.capture.errors import (
+    Backoff,
     CaptureError,
     FatalCaptureError,
     RetriableCaptureError,
@@ -418,35 +419,24 @@ class PostgresCapture:
         confirmed = self.preflight()
         self.stats.confirmed_lsn = confirmed
         target = self._current_wal_lsn() if self.options.until_caught_up else None
-        wait = 0.5
-        failing_since: float | None = None
+        backoff = Backoff(self.options.max_reconnect_wait_s, self.options.give_up_after_s)
         while True:
             try:
                 if self._stream(target):
                     return self.stats
                 if self._stop:
                     return self.stats
-                wait = 0.5
-                failing_since = None
-            except (psycopg2.Error, psycopg.Error) as exc:
-                error = classify_postgres_error(exc, source=self.source_name, user=self.source.user, slot=self.slot)
+                backoff.reset()
+            except (psycopg2.Error, psycopg.Error, RetriableCaptureError) as exc:
+                error = (
+                    exc
+                    if isinstance(exc, RetriableCaptureError)
+                    else classify_postgres_error(exc, source=self.source_name, user=self.source.user, slot=self.slot)
+                )
                 if not error.retriable:
                     raise error from None
-                failing_since = self._backoff(error, wait, failing_since)
-                wait = min(wait * 2, self.options.max_reconnect_wait_s)
-            except RetriableCaptureError as error:
-                failing_since = self._backoff(error, wait, failing_since)
-                wait = min(wait * 2, self.options.max_reconnect_wait_s)
-
-    def _backoff(self, error: CaptureError, wait: float, failing_since: float | None) -> float:
-        now = time.monotonic()
-        failing_since = failing_since or now
-        if self.options.give_up_after_s is not None and now - failing_since > self.options.give_up_after_s:
-            raise RetriableCaptureError(f"{error} (gave up after {self.options.give_up_after_s:.0f} s)") from None
-        self.stats.reconnects += 1
-        log.warning("%s; reconnecting in %.1f s", error, wait)
-        time.sleep(wait)
-        return failing_since
+                self.stats.reconnects += 1
+                backoff.failed(error)
 
     def _current_wal_lsn(self) -> int:
         from cdc_platform.envelope.lsn import parse_lsn

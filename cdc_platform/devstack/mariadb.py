@@ -87,7 +87,7 @@ class LocalMariaDB:
 
     def up(self, passwords: dict[str, str]) -> bool:
         """Start the server (initialising the data directory on first use); True if we started it."""
-        started = False
+        started: subprocess.Popen[bytes] | None = None
         if self.running_pid() is None:
             if port_open("127.0.0.1", self.profile.mariadb_port):
                 raise MariaDBError(
@@ -98,11 +98,10 @@ class LocalMariaDB:
             fresh = not (self.data / "mysql").exists()
             if fresh:
                 self._install_db()
-            self._start()
-            started = True
-        self._wait_ready(passwords)
+            started = self._start()
+        self._wait_ready(passwords, started)
         self._provision(passwords)
-        return started
+        return started is not None
 
     def down(self) -> bool:
         pid = self.running_pid()
@@ -151,7 +150,7 @@ class LocalMariaDB:
         if result.returncode != 0:
             raise MariaDBError(f"mariadb-install-db failed for {self.data}:\n{result.stderr[-2000:]}")
 
-    def _start(self) -> None:
+    def _start(self) -> subprocess.Popen[bytes]:
         with open(self.log, "ab") as log:
             proc = subprocess.Popen(
                 [server_binary(), f"--defaults-file={self.cnf}"],
@@ -161,13 +160,19 @@ class LocalMariaDB:
                 start_new_session=True,  # not killed with the shell that ran `dev up`
             )
         write_pid(self.pid_file, proc.pid)
+        return proc
 
-    def _wait_ready(self, passwords: dict[str, str], timeout_s: float = 60.0) -> None:
+    def _wait_ready(
+        self, passwords: dict[str, str], started: subprocess.Popen[bytes] | None, timeout_s: float = 60.0
+    ) -> None:
+        """Until root can connect. A server we just started is watched through its process
+        handle (its exit code is then in the message), one already running through its pid file."""
         deadline = time.monotonic() + timeout_s
         last: Exception | None = None
         while time.monotonic() < deadline:
-            if self.running_pid() is None:
-                raise MariaDBError(f"MariaDB exited during start; see {self.log}")
+            code = started.poll() if started is not None else None
+            if code is not None or (started is None and self.running_pid() is None):
+                raise MariaDBError(f"MariaDB exited during start (exit code {code}); see {self.log}")
             try:
                 with self.admin_connect(passwords):
                     return
