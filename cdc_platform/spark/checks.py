@@ -320,12 +320,7 @@ def _hard_deletes(
 
     keys = list(info.get("key_columns") or table.primary_key or [])
     source = read_source_keys(spark, config, table, keys)
-    gone = current.select(*[f"`{k}`" for k in keys]).join(source, keys, "left_anti").cache()
-    try:
-        report.deleted_in_source = gone.count()
-        report.sample = key_samples(gone, keys, "deleted in source")
-    finally:
-        gone.unpersist()
+    report.deleted_in_source, report.sample = keys_only_in(current, source, keys, "deleted in source")
     report.compare_note = (
         "polled source: keys compared with the source; rows it hard-deleted stay in current until the next "
         "reconciliation generation (poll.reconcile_every, or cdc-platform rehydrate) drops them"
@@ -406,6 +401,15 @@ def _wait_for_capture(config: PlatformConfig, table: TableConfig, wait_s: float 
 
 def plain_value(value: Any) -> Any:
     return value if isinstance(value, int | str | float | bool) or value is None else str(value)
+
+
+def keys_only_in(frame: DataFrame, other: DataFrame, keys: list[str], label: str) -> tuple[int, list[str]]:
+    """How many keys of ``frame`` ``other`` does not hold, with samples labelled ``label``."""
+    only = frame.select(*[f"`{k}`" for k in keys]).join(other, keys, "left_anti").cache()
+    try:
+        return only.count(), key_samples(only, keys, label)
+    finally:
+        only.unpersist()
 
 
 def key_samples(frame: DataFrame, keys: list[str], label: str) -> list[str]:

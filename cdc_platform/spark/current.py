@@ -241,16 +241,11 @@ def apply_changes(spark: SparkSession, config: PlatformConfig, table: TableConfi
 
 def _dropped_rows(spark: SparkSession, path: str, previous_version: int, keys: list[str]) -> tuple[int, list[str]]:
     """Keys the previous current (Delta version ``previous_version``) held that the rebuilt one has not."""
-    from cdc_platform.spark.checks import key_samples
+    from cdc_platform.spark.checks import keys_only_in
 
-    columns = [f"`{k}`" for k in keys]
-    before = spark.read.format("delta").option("versionAsOf", previous_version).load(path).select(*columns)
-    now = spark.read.format("delta").load(path).select(*columns)
-    dropped = before.join(now, keys, "left_anti").cache()
-    try:
-        return dropped.count(), key_samples(dropped, keys, "dropped")
-    finally:
-        dropped.unpersist()
+    before = spark.read.format("delta").option("versionAsOf", previous_version).load(path)
+    now = spark.read.format("delta").load(path).select(*[f"`{k}`" for k in keys])
+    return keys_only_in(before, now, keys, "dropped")
 
 
 def _key_columns(table: TableConfig, info: dict[str, Any]) -> list[str]:
