@@ -5,11 +5,12 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 export DAGSTER_HOME := $(CURDIR)
 
-.PHONY: help bootstrap demo demo-detached test bench down status screenshot faults
+.PHONY: help bootstrap demo demo-detached test test-fast bench down status screenshot faults
 
 help:
 	@echo "make demo    # stack + demo workload + Dagster UI on http://127.0.0.1:3000"
-	@echo "make test    # ruff, mypy, pytest against a real PostgreSQL + Kafka"
+	@echo "make test    # ruff, mypy, pytest against a real PostgreSQL + MariaDB + Kafka"
+	@echo "make test-fast  # ruff, mypy and the fast layer: no services, no jars (under a minute)"
 	@echo "make bench   # benchmarks (bench/), ratios against a baseline in the same run"
 	@echo "make status  # what runs;  make down  # stop what the demo started"
 
@@ -24,6 +25,10 @@ demo-detached: bootstrap
 
 test: bootstrap
 	@bash scripts/test.sh
+
+test-fast:
+	@bash scripts/bootstrap.sh --python-only
+	@bash scripts/test.sh -m "not integration"
 
 bench: bootstrap
 	@bash scripts/bench.sh

@@ -19,17 +19,17 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from confluent_kafka.admin import AdminClient
-
-from cdc_platform.capture.postgres import CaptureOptions, PostgresCapture
 from cdc_platform.config import PlatformConfig, load_config
-from cdc_platform.demo.setup import setup_demo
-from cdc_platform.demo.workload import run_workload
-from cdc_platform.devstack import profile, stack_up
-from cdc_platform.devstack.postgres import LocalPostgres, bin_dir
-from cdc_platform.devstack.profiles import REPO_ROOT
-from cdc_platform.devstack.stack import load_stack_env
-from cdc_platform.envelope.lsn import format_lsn, parse_lsn
+from cdc_platform.devtools.demo.setup import setup_demo
+from cdc_platform.devtools.demo.workload import run_workload
+from cdc_platform.devtools.stack import profile, stack_up
+from cdc_platform.devtools.stack.postgres import LocalPostgres, bin_dir
+from cdc_platform.devtools.stack.profiles import REPO_ROOT
+from cdc_platform.devtools.stack.stack import load_stack_env
+from cdc_platform.envelope.lsn import format_lsn
+from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.sources import CaptureSettings, open_source
+from cdc_platform.sources.postgres.slot import create_slot, current_wal_position, drop_slot
 
 
 @dataclass
@@ -61,15 +61,14 @@ def bench_source(config: PlatformConfig, source: str, run_workload_fn: object, l
     )
     with pg.admin_connect(database) as admin:
         for slot in (floor_slot, our_slot):
-            admin.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+            create_slot(admin, slot)
+    publication = config.sources[source].publication or f"cdc_{source}"  # type: ignore[union-attr]
     try:
         # topics and type lookups before the timed part
-        PostgresCapture(bench_config, source, CaptureOptions(until_caught_up=True)).preflight()
+        open_source(bench_config, source).capture(CaptureSettings(until_caught_up=True)).preflight()  # type: ignore[attr-defined]
         run_workload_fn()  # type: ignore[operator]
         with pg.admin_connect(database) as admin:
-            row = admin.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-        assert row is not None
-        end = parse_lsn(str(row[0]))
+            end = current_wal_position(admin)
 
         env = {**os.environ, "PGPASSWORD": os.environ["CDC_PG_PASSWORD"]}
         start = time.perf_counter()
@@ -78,23 +77,25 @@ def bench_source(config: PlatformConfig, source: str, run_workload_fn: object, l
                 str(bin_dir() / "pg_recvlogical"),
                 "-h", "127.0.0.1", "-p", str(prof.pg_port), "-U", "cdc_capture", "-d", database,
                 "--slot", floor_slot, "--start", "--no-loop", "-E", format_lsn(end), "-f", "/dev/null",
-                "-o", "proto_version=1", "-o", f"publication_names={config.publication_for(source)}",
+                "-o", "proto_version=1", "-o", f"publication_names={publication}",
             ],
             env=env, check=True,
         )  # fmt: skip
         floor_s = time.perf_counter() - start
 
-        capture = PostgresCapture(bench_config, source, CaptureOptions(until_caught_up=True, status_interval_s=3600))
+        capture = open_source(bench_config, source).capture(
+            CaptureSettings(until_caught_up=True, status_interval_s=3600)
+        )
         start = time.perf_counter()
         stats = capture.run()
         capture_s = time.perf_counter() - start
-        events = sum(stats.events.values())
+        events = sum(stats.events.values())  # type: ignore[attr-defined]
         return Result(label, events, floor_s, capture_s)
     finally:
         with pg.admin_connect(database) as admin:
             for slot in (floor_slot, our_slot):
-                admin.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-        admin_client = AdminClient(config.kafka.client_config())
+                drop_slot(admin, slot)
+        admin_client = KafkaClients(config.kafka).admin()
         doomed = [t for t in admin_client.list_topics(timeout=10).topics if prefix in t]
         if doomed:
             for future in admin_client.delete_topics(doomed).values():
@@ -115,7 +116,7 @@ def main() -> None:
         run_workload(prof, rate=100_000, seconds=args.seconds, seed=1)  # as fast as one client goes
 
     def pgbench() -> None:
-        from cdc_platform.demo.setup import _pgbench
+        from cdc_platform.devtools.demo.setup import _pgbench
 
         _pgbench(prof, ["-T", str(int(args.seconds)), "-c", "2", "-j", "2", "-n"])
 

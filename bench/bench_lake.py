@@ -20,21 +20,22 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import TopicPartition
 
-from cdc_platform.capture.postgres import CaptureOptions, PostgresCapture
 from cdc_platform.config import PlatformConfig, load_config
 from cdc_platform.config.model import SparkConfig, TableConfig
-from cdc_platform.demo.setup import setup_demo
-from cdc_platform.demo.workload import app_connect
-from cdc_platform.devstack import profile, stack_up
-from cdc_platform.devstack.postgres import LocalPostgres
-from cdc_platform.devstack.profiles import REPO_ROOT
-from cdc_platform.devstack.stack import load_stack_env
-from cdc_platform.spark.changelog import OffsetRange, materialize_window
-from cdc_platform.spark.session import get_spark_session
-from cdc_platform.spark.snapshot import source_conninfo, take_snapshot
+from cdc_platform.devtools.demo.setup import setup_demo
+from cdc_platform.devtools.demo.workload import app_connect
+from cdc_platform.devtools.lake import Lake
+from cdc_platform.devtools.stack import profile, stack_up
+from cdc_platform.devtools.stack.postgres import LocalPostgres
+from cdc_platform.devtools.stack.profiles import REPO_ROOT
+from cdc_platform.devtools.stack.stack import load_stack_env
+from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.lake.session import get_spark_session
+from cdc_platform.model.windows import WindowRange
+from cdc_platform.sources import CaptureSettings, open_source
+from cdc_platform.sources.postgres.slot import drop_slot
 
 TABLE = "bench_lake_rows"
 
@@ -72,34 +73,22 @@ def cleanup(config: PlatformConfig, tag: str) -> None:
     """Remove what ``prepare`` made: the slot (a forgotten one pins WAL), publication,
     table and topics. Ends a capture still holding the slot first."""
     with LocalPostgres(profile("dev")).admin_connect("shop") as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-            "WHERE slot_name = %s AND active_pid IS NOT NULL",
-            (f"bench_{tag}",),
-        )
-        for _ in range(20):
-            if not admin.execute(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active_pid IS NOT NULL", (f"bench_{tag}",)
-            ).fetchone():
-                break
-            time.sleep(0.25)
-        admin.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
-            (f"bench_{tag}",),
-        )
+        drop_slot(admin, f"bench_{tag}", terminate_user=True)
+        time.sleep(1.0)  # the terminated backend lets go of the slot
+        drop_slot(admin, f"bench_{tag}")
         admin.execute(f"DROP PUBLICATION IF EXISTS bench_{tag}")
         admin.execute(f"DROP TABLE IF EXISTS {TABLE}")
-    admin_client = AdminClient(config.kafka.client_config())
+    admin_client = KafkaClients(config.kafka).admin()
     doomed = [t for t in admin_client.list_topics(timeout=10).topics if f"bench{tag}" in t]
     for future in admin_client.delete_topics(doomed).values() if doomed else []:
         future.result(timeout=30)
 
 
-def copy_floor(config: PlatformConfig, table: TableConfig) -> tuple[int, float]:
+def copy_floor(config: PlatformConfig) -> tuple[int, float]:
     started = time.perf_counter()
     size = 0
     with (
-        psycopg.connect(source_conninfo(config, table)) as conn,
+        psycopg.connect(config.sources["shop"].conninfo("shop", "bench_copy")) as conn,
         conn.cursor() as cur,
         cur.copy(f"COPY (SELECT * FROM {TABLE}) TO STDOUT") as copy,
     ):
@@ -108,9 +97,9 @@ def copy_floor(config: PlatformConfig, table: TableConfig) -> tuple[int, float]:
     return size, time.perf_counter() - started
 
 
-def consume_floor(config: PlatformConfig, table: TableConfig, ranges: list[OffsetRange]) -> tuple[int, float]:
+def consume_floor(config: PlatformConfig, table: TableConfig, ranges: list[WindowRange]) -> tuple[int, float]:
     topic = config.topic_for(table)
-    consumer = Consumer({**config.kafka.client_config(), "group.id": "bench_floor", "enable.auto.commit": False})
+    consumer = KafkaClients(config.kafka).consumer("bench_floor")
     started = time.perf_counter()
     count = 0
     consumer.assign([TopicPartition(topic, r.partition, r.start) for r in ranges if r.end > r.start])
@@ -135,27 +124,27 @@ def main() -> None:
     tag = uuid.uuid4().hex[:6]
     config = prepare(args.rows, tag)
     table = config.tables[0]
-    spark = get_spark_session(SparkConfig(master="local[*]"))
+    lake = Lake(config, get_spark_session(SparkConfig(master="local[*]")))
+    settings = CaptureSettings(until_caught_up=True, status_interval_s=3600)
     try:
-        take_snapshot(spark, config, table, "warmup")  # JVM, JDBC and Delta paths warm
-        copy_bytes, copy_s = copy_floor(config, table)
+        lake.snapshot(table.key, "warmup")  # JVM, JDBC and Delta paths warm
+        copy_bytes, copy_s = copy_floor(config)
         started = time.perf_counter()
-        result = take_snapshot(spark, config, table, "g1")
+        result = lake.snapshot(table.key, "g1")
         snapshot_s = time.perf_counter() - started
 
-        capture = PostgresCapture(config, "shop", CaptureOptions(until_caught_up=True, status_interval_s=3600))
-        capture.run()  # slot and topic exist before the changes
+        open_source(config, "shop").capture(settings).run()  # slot and topic exist before the changes
         t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
         with app_connect(profile("dev")) as app:
             app.execute(f"UPDATE {TABLE} SET amount = amount + 1 WHERE id <= %s", (args.changes,))
-        PostgresCapture(config, "shop", CaptureOptions(until_caught_up=True, status_interval_s=3600)).run()
+        open_source(config, "shop").capture(settings).run()
         time.sleep(1.1)
         t1 = datetime.now(UTC).replace(microsecond=0)
         started = time.perf_counter()
-        window = materialize_window(spark, config, table, t0, t1)
+        window = lake.window(table.key, t0, t1)
         cold_s = time.perf_counter() - started  # first Python workers, first Delta commit
         started = time.perf_counter()
-        window = materialize_window(spark, config, table, t0, t1)  # the same window again (idempotent)
+        window = lake.window(table.key, t0, t1)  # the same window again (idempotent)
         changelog_s = time.perf_counter() - started
         consumed, consume_s = consume_floor(config, table, window.ranges)
     finally:

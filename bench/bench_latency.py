@@ -18,20 +18,19 @@ import statistics
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import bench_lake
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
-from cdc_platform.capture.postgres import CaptureOptions, PostgresCapture
 from cdc_platform.config.model import SparkConfig
-from cdc_platform.demo.workload import app_connect
-from cdc_platform.devstack import profile
-from cdc_platform.factories.table import changelog_partitions
-from cdc_platform.spark.changelog import materialize_window
-from cdc_platform.spark.current import apply_changes, current_path
-from cdc_platform.spark.session import get_spark_session
-from cdc_platform.spark.snapshot import take_snapshot
+from cdc_platform.devtools.demo.workload import app_connect
+from cdc_platform.devtools.lake import Lake
+from cdc_platform.devtools.stack import profile
+from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.lake.session import get_spark_session
+from cdc_platform.model.windows import is_closed, window_seconds, window_start
+from cdc_platform.sources import CaptureSettings, open_source
 
 bench_lake.TABLE = "bench_latency_rows"
 ROWS = 1000
@@ -42,6 +41,91 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+class LatencyRun:
+    """One measurement: a writer, a Kafka reader, and the windows applied as they close."""
+
+    def __init__(self, args: argparse.Namespace, tag: str) -> None:
+        self.args, self.tag = args, tag
+        self.config = bench_lake.prepare(ROWS, tag, changelog={"window": args.window, "grace_s": args.grace})
+        self.table = self.config.tables[0]
+        self.lake = Lake(self.config, get_spark_session(SparkConfig(master="local[*]")))
+        self.committed: dict[tuple[int, int], float] = {}  # (id, version) -> commit time
+        self.in_kafka: dict[tuple[int, int], float] = {}
+        self.visible: dict[tuple[int, int], float] = {}
+        self.stop_writing = threading.Event()
+        self.stop_all = threading.Event()
+
+    def writer(self) -> None:
+        version = 0
+        with app_connect(profile("dev")) as app:
+            while not self.stop_writing.is_set():
+                version += 1
+                row = version % ROWS + 1
+                app.execute(f"UPDATE {bench_lake.TABLE} SET label = %s WHERE id = %s", (str(version), row))
+                app.commit()
+                self.committed[(row, version)] = time.time()
+                time.sleep(1 / self.args.rate)
+
+    def kafka_reader(self) -> None:
+        consumer = KafkaClients(self.config.kafka).consumer(f"lat{self.tag}")
+        topic = self.config.topic_for(self.table)
+        while topic not in consumer.list_topics(timeout=10).topics:
+            time.sleep(0.5)
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, consumer.get_watermark_offsets(TopicPartition(topic, p))[1])
+                         for p in partitions])  # fmt: skip
+        while not self.stop_all.is_set():
+            for msg in consumer.consume(500, timeout=0.5):
+                if msg.error() or msg.value() is None:
+                    continue
+                after = json.loads(msg.value() or b"{}").get("after") or {}
+                if "label" in after:
+                    self.in_kafka.setdefault((int(after["id"]), int(after["label"])), time.time())
+        consumer.close()
+
+    def apply_until_seen(self) -> None:
+        """What the changelog sensor + current automation do: closed windows, then apply."""
+        size = window_seconds(self.table.changelog.window)
+        next_window = window_start(datetime.now(UTC), size)
+        writing_until = time.time() + self.args.minutes * 60
+        while True:
+            if time.time() > writing_until:
+                self.stop_writing.set()
+            applied = False
+            while is_closed(next_window + timedelta(seconds=size), datetime.now(UTC), self.args.grace, False):
+                self.lake.window(self.table.key, next_window, next_window + timedelta(seconds=size))
+                next_window += timedelta(seconds=size)
+                applied = True
+            if applied:
+                self.lake.current(self.table.key)
+                self.record_visible(time.time())
+            done = self.committed and len(self.visible) == len(self.committed)
+            if self.stop_writing.is_set() and (done or time.time() > writing_until + 600):
+                return
+            time.sleep(1.0)
+
+    def record_visible(self, seen: float) -> None:
+        rows = self.lake.read_current(self.table.key).select("id", "label").collect()
+        labels = {int(r["id"]): int(r["label"]) for r in rows if r["label"] and r["label"].isdigit()}
+        for row, version in list(self.committed):
+            if (row, version) not in self.visible and labels.get(row, -1) >= version:
+                self.visible[(row, version)] = seen
+
+    def report(self) -> None:
+        lake = [self.visible[k] - self.committed[k] for k in self.visible]
+        kafka = [self.in_kafka[k] - self.committed[k] for k in self.committed if k in self.in_kafka]
+        args = self.args
+        counts = f"{len(self.committed)} commits, {len(self.visible)} seen in current, {len(kafka)} seen in Kafka"
+        print(f"\nlatency, commit -> visible in current (window {args.window}, grace {args.grace:.0f} s; {counts})")
+        print(
+            f"  baseline commit -> Kafka   p50 {percentile(kafka, 0.5):7.2f} s   p95 {percentile(kafka, 0.95):7.2f} s"
+        )
+        p50, p95 = percentile(lake, 0.5), percentile(lake, 0.95)
+        print(f"  commit -> current          p50 {p50:7.2f} s   p95 {p95:7.2f} s   "
+              f"max {max(lake):7.2f} s   mean {statistics.mean(lake):7.2f} s")  # fmt: skip
+        print(f"  ratio current/Kafka p50 = {percentile(lake, 0.5) / max(percentile(kafka, 0.5), 1e-3):.0f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--window", default="1m")
@@ -50,102 +134,21 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=2.0, help="commits per second")
     args = parser.parse_args()
     tag = uuid.uuid4().hex[:6]
-    config = bench_lake.prepare(ROWS, tag, changelog={"window": args.window, "grace_s": args.grace})
-    table = config.tables[0]
-    spark = get_spark_session(SparkConfig(master="local[*]"))
-    committed: dict[tuple[int, int], float] = {}  # (id, version) -> commit time
-    in_kafka: dict[tuple[int, int], float] = {}
-    visible: dict[tuple[int, int], float] = {}
-    stop_writing = threading.Event()
-    stop_all = threading.Event()
-    capture = PostgresCapture(config, "shop", CaptureOptions(status_interval_s=1))
+    run = LatencyRun(args, tag)
+    capture = open_source(run.config, "shop").capture(CaptureSettings(status_interval_s=1))
     try:
-        PostgresCapture(config, "shop", CaptureOptions(until_caught_up=True)).run()  # slot and topic
-        take_snapshot(spark, config, table, "g1")
-        apply_changes(spark, config, table)
-        capture_thread = threading.Thread(target=capture.run, daemon=True)
-        capture_thread.start()
-
-        def writer() -> None:
-            version = 0
-            with app_connect(profile("dev")) as app:
-                while not stop_writing.is_set():
-                    version += 1
-                    row = version % ROWS + 1
-                    app.execute(f"UPDATE {bench_lake.TABLE} SET label = %s WHERE id = %s", (str(version), row))
-                    app.commit()
-                    committed[(row, version)] = time.time()
-                    time.sleep(1 / args.rate)
-
-        def kafka_reader() -> None:
-            consumer = Consumer({**config.kafka.client_config(), "group.id": f"lat{tag}", "enable.auto.commit": False})
-            topic = config.topic_for(table)
-            while topic not in consumer.list_topics(timeout=10).topics:
-                time.sleep(0.5)
-            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-            consumer.assign([TopicPartition(topic, p, consumer.get_watermark_offsets(TopicPartition(topic, p))[1])
-                             for p in partitions])  # fmt: skip
-            while not stop_all.is_set():
-                for msg in consumer.consume(500, timeout=0.5):
-                    if msg.error() or msg.value() is None:
-                        continue
-                    after = json.loads(msg.value() or b"{}").get("after") or {}
-                    if "label" in after:
-                        in_kafka.setdefault((int(after["id"]), int(after["label"])), time.time())
-            consumer.close()
-
-        threads = [threading.Thread(target=writer, daemon=True), threading.Thread(target=kafka_reader, daemon=True)]
-        for t in threads:
-            t.start()
-        partitions_def = changelog_partitions(table)
-        started = datetime.now(UTC)
-        done_windows: set[str] = set()
-        writing_until = time.time() + args.minutes * 60
-        while True:
-            now = datetime.now(UTC)
-            if time.time() > writing_until:
-                stop_writing.set()
-            # what the changelog sensor + current automation do: closed windows, then apply
-            due = []
-            key = partitions_def.get_partition_key_for_timestamp(started.timestamp())
-            while key is not None:
-                window = partitions_def.time_window_for_partition_key(key)
-                if now.timestamp() < window.end.timestamp() + args.grace:
-                    break
-                if key not in done_windows:
-                    due.append(key)
-                key = partitions_def.get_next_partition_key(key)
-            for key in due:
-                window = partitions_def.time_window_for_partition_key(key)
-                materialize_window(spark, config, table, window.start, window.end)
-                done_windows.add(key)
-            if due:
-                apply_changes(spark, config, table)
-                seen = time.time()
-                rows = spark.read.format("delta").load(current_path(config, table)).select("id", "label").collect()
-                labels = {int(r["id"]): int(r["label"]) for r in rows if r["label"] and r["label"].isdigit()}
-                for (row, version), _ in list(committed.items()):
-                    if (row, version) not in visible and labels.get(row, -1) >= version:
-                        visible[(row, version)] = seen
-            if stop_writing.is_set() and committed and len(visible) == len(committed):
-                break
-            if stop_writing.is_set() and time.time() > writing_until + 600:
-                break
-            time.sleep(1.0)
+        open_source(run.config, "shop").capture(CaptureSettings(until_caught_up=True)).run()  # slot and topic
+        run.lake.snapshot(run.table.key, "g1")
+        run.lake.current(run.table.key)
+        for target in (capture.run, run.writer, run.kafka_reader):
+            threading.Thread(target=target, daemon=True).start()
+        run.apply_until_seen()
     finally:
-        stop_writing.set()
-        stop_all.set()
+        run.stop_writing.set()
+        run.stop_all.set()
         capture.stop()
-        bench_lake.cleanup(config, tag)
-
-    lake = [visible[k] - committed[k] for k in visible]
-    kafka = [in_kafka[k] - committed[k] for k in committed if k in in_kafka]
-    print(f"\nlatency, commit -> visible in current (window {args.window}, grace {args.grace:.0f} s; "
-          f"{len(committed)} commits, {len(visible)} seen in current, {len(kafka)} seen in Kafka)")  # fmt: skip
-    print(f"  baseline commit -> Kafka   p50 {percentile(kafka, 0.5):7.2f} s   p95 {percentile(kafka, 0.95):7.2f} s")
-    print(f"  commit -> current          p50 {percentile(lake, 0.5):7.2f} s   p95 {percentile(lake, 0.95):7.2f} s   "
-          f"max {max(lake):7.2f} s   mean {statistics.mean(lake):7.2f} s")  # fmt: skip
-    print(f"  ratio current/Kafka p50 = {percentile(lake, 0.5) / max(percentile(kafka, 0.5), 1e-3):.0f}x")
+        bench_lake.cleanup(run.config, tag)
+    run.report()
 
 
 if __name__ == "__main__":

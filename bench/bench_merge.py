@@ -2,7 +2,8 @@
 
 For each size, a synthetic snapshot generation and a changelog window of 10k changes
 (80% updates, 10% deletes, 10% inserts, random keys) are written as the platform writes
-them; ``apply_changes`` first builds current from the generation (the baseline: a full
+them (the generation committed and the window recorded in the ledger); ``apply_current``
+first builds current from the generation (the baseline: a full
 rebuild, O(table)), then applies the window incrementally (the measured merge). Prints
 both times, merge/rebuild, and how the merge time grows with the table.
 
@@ -12,16 +13,20 @@ Run: make bench   (or .venv/bin/python bench/bench_merge.py [--sizes 100000 1000
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from cdc_platform.config.model import PlatformConfig, SparkConfig
-from cdc_platform.spark.changelog import changelog_path, ranges_path
-from cdc_platform.spark.current import apply_changes
-from cdc_platform.spark.session import get_spark_session
-from cdc_platform.spark.snapshot import table_root
+from cdc_platform.envelope.pgtypes import builtin_type
+from cdc_platform.lake.current import apply_current
+from cdc_platform.lake.ledger import Ledger
+from cdc_platform.lake.session import get_spark_session
+from cdc_platform.lake.tables import lake_table
+from cdc_platform.model.generations import GenerationEvent, GenerationStatus, Watermark
+from cdc_platform.model.tables import LakeColumn, TableSchema
+from cdc_platform.model.windows import WindowPlan, WindowRange
 
 CHANGES = 10_000
 
@@ -43,15 +48,21 @@ def bench(spark: object, size: int, root: Path) -> tuple[float, float]:
 
     assert isinstance(spark, SparkSession)
     config = make_config(root)
-    table = config.tables[0]
-    info = {"generation": "g1", "watermark_lsn": 1000, "key_columns": ["id"], "kafka_end_offsets": {"0": 0}}
+    table = lake_table(config, config.tables[0])
+    ledger = Ledger(config.lake.root)
     spark.range(size).select(
         F.col("id"), (F.col("id") * 2).alias("v"), F.concat(F.lit("row-"), F.col("id").cast("string")).alias("s")
-    ).write.format("delta").mode("overwrite").option("userMetadata", json.dumps(info)).save(
-        f"{table_root(config, table)}/snapshot/g1"
-    )
+    ).write.format("delta").mode("overwrite").save(table.snapshot_path("g1"))
+    int8, text = builtin_type(20), builtin_type(25)
+    assert int8 is not None and text is not None
+    schema = TableSchema((LakeColumn("id", int8), LakeColumn("v", int8), LakeColumn("s", text)), ("id",))
+    committed = GenerationEvent(
+        table.key, "g1", GenerationStatus.COMMITTED, watermark=Watermark(1000, {0: 0}, datetime.now(UTC)),
+        schema_json=schema.to_json(),
+    )  # fmt: skip
+    ledger.record_generation(committed)
     started = time.perf_counter()
-    apply_changes(spark, config, table)  # the baseline: current rebuilt from the generation
+    apply_current(spark, ledger, table)  # the baseline: current rebuilt from the generation
     rebuild_s = time.perf_counter() - started
 
     row = "struct<id:bigint,v:bigint,s:string>"
@@ -77,13 +88,10 @@ def bench(spark: object, size: int, root: Path) -> tuple[float, float]:
         F.array().cast("array<string>").alias("unavailable"),
         F.lit("w1").alias("window_start"),
     ).drop("k")
-    changes.write.format("delta").mode("overwrite").partitionBy("window_start").save(changelog_path(config, table))
-    ranges_schema = "window_start string, window_end string, kafka_partition int, start_offset long, end_offset long"
-    spark.createDataFrame([("w1", "w2", 0, 0, CHANGES)], ranges_schema).write.format("delta").mode("overwrite").save(
-        ranges_path(config, table)
-    )
+    changes.write.format("delta").mode("overwrite").partitionBy("window_start").save(table.changelog_path)
+    ledger.record_window(table.key, WindowPlan("w1", (WindowRange(0, 0, CHANGES, "w2"),), reused=False))
     started = time.perf_counter()
-    result = apply_changes(spark, config, table)
+    result = apply_current(spark, ledger, table)
     merge_s = time.perf_counter() - started
     assert result.changes_applied == CHANGES, result
     return rebuild_s, merge_s

@@ -16,14 +16,14 @@ import argparse
 import time
 import uuid
 
-from confluent_kafka.admin import AdminClient
-
-from cdc_platform.capture.jdbc import PollingCapture, PollOptions, offsets_topic
-from cdc_platform.capture.mysql_catalog import describe_mysql_table
 from cdc_platform.config import PlatformConfig
-from cdc_platform.devstack import profile, stack_up
-from cdc_platform.devstack.mariadb import POLL_ROLE, LocalMariaDB
-from cdc_platform.devstack.stack import load_stack_env, stack_env
+from cdc_platform.devtools.stack import profile, stack_up
+from cdc_platform.devtools.stack.mariadb import POLL_ROLE, LocalMariaDB
+from cdc_platform.devtools.stack.stack import load_stack_env, stack_env
+from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.sources import CaptureSettings, open_source
+from cdc_platform.sources.mysql.catalog import describe_mysql_table
+from cdc_platform.sources.mysql.poller import PollingCapture
 
 DDL = """CREATE TABLE accounts (
   id INT UNSIGNED AUTO_INCREMENT PRIMARY KEY,
@@ -90,7 +90,8 @@ def main() -> None:
     )
     try:
         floor_s = _floor(config, database, args.batch)
-        poller = PollingCapture(config, "benchpoll", PollOptions(until_caught_up=True, give_up_after_s=60))
+        poller = open_source(config, "benchpoll").capture(CaptureSettings(until_caught_up=True, give_up_after_s=60))
+        assert isinstance(poller, PollingCapture)
         started = time.monotonic()
         stats = poller.run()
         poll_s = time.monotonic() - started
@@ -105,8 +106,8 @@ def main() -> None:
         with admin.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS `{database}`")
         admin.close()
-        client = AdminClient({"bootstrap.servers": prof.kafka_bootstrap})
-        topics = [f"benchpoll{tag}.{database}.accounts", offsets_topic(config, "benchpoll")]
+        client = KafkaClients(config.kafka).admin()
+        topics = [f"benchpoll{tag}.{database}.accounts", f"__cdc-offsets.benchpoll{tag}"]
         for future in client.delete_topics(topics, operation_timeout=30).values():
             try:
                 future.result(timeout=30)
@@ -116,9 +117,10 @@ def main() -> None:
 
 def _floor(config: PlatformConfig, database: str, batch: int) -> float:
     """Every row, the same expressions, the same keyset pages: what the database can hand out."""
-    from cdc_platform.capture.jdbc import connect_mysql
+    from cdc_platform.sources.mysql.connection import MysqlEndpoint
 
-    conn = connect_mysql(config.jdbc("benchpoll"), "benchpoll", "bench")
+    source = config.sources["benchpoll"]
+    conn = MysqlEndpoint("benchpoll", source, [], {}, "benchpoll", "").connect("bench")  # type: ignore[arg-type]
     try:
         _, mapped = describe_mysql_table(conn, database, "accounts")
         select = ", ".join(m.select_sql for m in mapped).replace("%", "%%")

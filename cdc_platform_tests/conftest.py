@@ -1,7 +1,12 @@
 """Shared fixtures. Integration tests run against the real `test` stack (PostgreSQL,
-Kafka and MariaDB on 127.0.0.1:5434/9192/3308, data in .cdc/test/), which this session starts if it is not
-running and stops afterwards only if it started it. A service that cannot start is an
-error for every test that needs it, never a skip."""
+Kafka and MariaDB on 127.0.0.1:5434/9192/3308, data in .cdc/test/), which this session
+starts if it is not running and stops afterwards only if it started it. A service that
+cannot start is an error for every test that needs it, never a skip.
+
+Test layers: everything under ``integration/``, ``spark/`` and ``dagster/``, and every
+test that asks for a service fixture (``stack``, ``spark``, …), is marked
+``integration``. ``pytest -m "not integration"`` is the fast layer: no service, no jars.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +17,27 @@ from typing import Any
 
 import pytest
 
-from cdc_platform.devstack import PROFILES, StackProfile, stack_down, stack_status, stack_up
-from cdc_platform.devstack.stack import load_stack_env
+from cdc_platform.devtools.stack import PROFILES, StackProfile, stack_down, stack_status, stack_up
+from cdc_platform.devtools.stack.stack import load_stack_env
+
+# SIGTERM (a CI timeout) ends the run like Ctrl-C, so teardowns stop the stack
+pytest_plugins = ["cdc_platform_tests.sigterm"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+INTEGRATION_DIRS = ("integration", "spark", "dagster")
+SERVICE_FIXTURES = {"stack", "demo_db", "spark", "demo_config_path", "capture_password"}
+
+# the Spark-side jars scripts/bootstrap.sh resolved (a config's spark.jars_dir wins)
+os.environ.setdefault("CDC_SPARK_JARS_DIR", str(REPO_ROOT / ".cdc" / "jars" / "spark"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that needs a service, by where it lives and what it asks for."""
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(REPO_ROOT / "cdc_platform_tests").parts
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if parts[0] in INTEGRATION_DIRS or fixtures & SERVICE_FIXTURES:
+            item.add_marker(pytest.mark.integration)
 
 
 def _files_holding(roots: list[Path], secrets: list[bytes], skip: set[Path]) -> list[str]:
@@ -35,16 +57,16 @@ def _files_holding(roots: list[Path], secrets: list[bytes], skip: set[Path]) -> 
 @pytest.fixture(scope="session", autouse=True)
 def no_secret_in_anything_the_suite_wrote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """After every test: the stack's passwords appear in no file the suite produced —
-    Dagster instances (runs, events, compute logs), lakes, configs, service and process
-    logs — except the 0600 secrets file the stack keeps them in."""
+    Dagster instances (runs, events, compute logs), lakes, ledgers, configs, service and
+    process logs — except the 0600 secrets file the stack keeps them in."""
     yield
-    from cdc_platform.devstack.mariadb import MARIADB_PASSWORD_ENVS
-    from cdc_platform.devstack.postgres import PASSWORD_ENVS
+    from cdc_platform.devtools.stack.mariadb import MARIADB_PASSWORD_ENVS
+    from cdc_platform.devtools.stack.postgres import PASSWORD_ENVS
 
     names = [*PASSWORD_ENVS.values(), *MARIADB_PASSWORD_ENVS.values()]
     secrets = [os.environ[name].encode() for name in names if os.environ.get(name)]
     if not secrets:
-        return  # no stack was used (unit tests only)
+        return  # no stack was used (the fast layer)
     profile = PROFILES["test"]
     leaks = _files_holding([tmp_path_factory.getbasetemp(), profile.logs], secrets, skip={profile.env_file})
     assert not leaks, "a password was written where it must never be:\n" + "\n".join(leaks[:20])
@@ -61,15 +83,17 @@ def stack() -> Iterator[StackProfile]:
             stack_down(profile)  # stop what this session started, even half-way
         pytest.fail(f"the test stack could not start: {exc}", pytrace=False)
     load_stack_env(profile)
-    yield profile
-    if started.started_kafka or started.started_postgres or started.started_mariadb:
-        stack_down(profile)
+    try:
+        yield profile
+    finally:
+        if started.started_kafka or started.started_postgres or started.started_mariadb:
+            stack_down(profile)
 
 
 @pytest.fixture(scope="session")
 def demo_db(stack: StackProfile) -> StackProfile:
     """The shop and bench demo databases on the test stack."""
-    from cdc_platform.demo.setup import setup_demo
+    from cdc_platform.devtools.demo.setup import setup_demo
 
     list(setup_demo(stack, pgbench_scale=1, seed_customers=50))
     return stack
@@ -126,8 +150,8 @@ def capture_password(stack: StackProfile) -> str:
 @pytest.fixture(scope="session")
 def spark() -> Any:
     """One local Spark session for every test that needs Spark (getOrCreate shares it with
-    the PySparkResource of in-process Dagster runs)."""
+    the PySpark resource of in-process Dagster runs)."""
     from cdc_platform.config.model import SparkConfig
-    from cdc_platform.spark.session import get_spark_session
+    from cdc_platform.lake.session import get_spark_session
 
     return get_spark_session(SparkConfig(master="local[2]"))

@@ -6,7 +6,10 @@
 #   - the JVM jars (Kafka broker, Spark-side Delta/Kafka connectors) resolved by mvn
 #     from the pinned poms in stack/jvm/ into .cdc/jars/ (ignored by git).
 # Each step is skipped when its stamp matches, so a second run takes seconds.
+# --python-only: just the venv (what the fast test layer needs: no services, no jars).
 set -euo pipefail
+PYTHON_ONLY=0
+[[ "${1:-}" == "--python-only" ]] && PYTHON_ONLY=1
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 STATE="$ROOT/.cdc"
@@ -16,6 +19,11 @@ say() { printf '[bootstrap] %s\n' "$*"; }
 die() { printf '[bootstrap] ERROR: %s\n' "$*" >&2; exit 1; }
 
 # --- Debian packages ---------------------------------------------------------
+# Debian's postinst scripts enable the services they install; scripts/units.sh leaves the
+# host's services as they were (the stack runs its own servers from .cdc/).
+# shellcheck source=scripts/units.sh
+. "$ROOT/scripts/units.sh"
+
 need_apt=()
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need_apt+=(postgresql postgresql-contrib)
 compgen -G "/usr/lib/postgresql/*/bin/pgbench" >/dev/null || need_apt+=(postgresql-contrib)
@@ -27,19 +35,25 @@ command -v curl >/dev/null || need_apt+=(curl)
 # the UI screenshot test drives Debian's chromium headless (never a downloaded browser)
 command -v chromium >/dev/null || need_apt+=(chromium)
 command -v python3.11 >/dev/null || need_apt+=(python3.11 python3.11-venv)
+if ((PYTHON_ONLY)); then
+  need_apt=()
+  command -v python3.11 >/dev/null || need_apt+=(python3.11 python3.11-venv)
+fi
+SUDO=""
 if ((${#need_apt[@]})); then
   say "installing Debian packages: ${need_apt[*]}"
-  SUDO=""
   if [[ $(id -u) -ne 0 ]]; then
     command -v sudo >/dev/null || die "need root (or sudo) to apt-get install ${need_apt[*]}"
     SUDO="sudo"
   fi
+  units_before="$(enabled_units)"
   # The postgresql package's postinst would start a system cluster on 5432; we never use
   # it (our stack runs its own clusters from .cdc/), so keep apt from starting services.
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -q
   $SUDO env RUNLEVEL=1 apt-get install -y -q --no-install-recommends "${need_apt[@]}" \
     || die "apt-get install ${need_apt[*]} failed (see the output above)"
+  restore_units "$units_before"
 fi
 
 # --- Python venv --------------------------------------------------------------
@@ -56,6 +70,8 @@ if [[ "$(cat "$STATE/stamps/pip" 2>/dev/null)" != "$pip_stamp" ]] || ! .venv/bin
   .venv/bin/python -m pip install -q -e ".[dev]" || die "pip install failed (see the output above)"
   echo "$pip_stamp" > "$STATE/stamps/pip"
 fi
+
+((PYTHON_ONLY)) && { say "ready (python only)"; exit 0; }
 
 # --- JVM jars -------------------------------------------------------------------
 resolve_jars() {  # $1 = name under stack/jvm/ and .cdc/jars/

@@ -15,12 +15,10 @@ UI_PORT="${CDC_DEMO_UI_PORT:-3000}"
 RATE="${CDC_DEMO_RATE:-5}"
 mkdir -p "$PIDS" "$LOGS" "$ROOT/.cdc/dagster"
 
-alive() {  # alive NAME MARKER: pid from our pid file, if that process still runs MARKER
-  local pid; pid="$(cat "$PIDS/$1.pid" 2>/dev/null || true)"
-  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q -- "$2" && echo "$pid"
-}
-stop() {  # stop NAME MARKER: the whole process group we started (dagster dev has children)
-  local pid; pid="$(alive "$1" "$2" || true)"
+# shellcheck source=scripts/procs.sh
+. "$ROOT/scripts/procs.sh"
+stop() {  # stop NAME: the whole process group we started (dagster dev has children)
+  local pid; pid="$(alive "$1" || true)"
   if [[ -n "$pid" ]]; then
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
@@ -30,19 +28,16 @@ stop() {  # stop NAME MARKER: the whole process group we started (dagster dev ha
   rm -f "$PIDS/$1.pid"
 }
 
+PROCESSES=(workload capture-shop capture-bench capture-crm dagster)
 case "${1:-}" in
   --status)
-    for n in workload:"demo load" capture-shop:"capture run --source shop" \
-             capture-bench:"capture run --source bench" capture-crm:"capture run --source crm" \
-             dagster:"dagster dev"; do
-      pid="$(alive "${n%%:*}" "${n#*:}" || true)"
-      if [[ -n "$pid" ]]; then echo "${n%%:*}: up (pid $pid)"; else echo "${n%%:*}: down"; fi
+    for name in "${PROCESSES[@]}"; do
+      pid="$(alive "$name" || true)"
+      if [[ -n "$pid" ]]; then echo "$name: up (pid $pid)"; else echo "$name: down"; fi
     done
     exit 0 ;;
   --stop)
-    stop dagster "dagster dev"; stop workload "demo load"
-    stop capture-shop "capture run --source shop"; stop capture-bench "capture run --source bench"
-    stop capture-crm "capture run --source crm"
+    for name in dagster workload capture-shop capture-bench capture-crm; do stop "$name"; done
     exit 0 ;;
 esac
 
@@ -50,9 +45,9 @@ esac
 "$V/cdc-platform" demo setup --profile dev
 set -a; . "$P/env"; set +a
 
-if [[ -z "$(alive workload "demo load" || true)" ]]; then
+if [[ -z "$(alive workload || true)" ]]; then
   setsid "$V/cdc-platform" demo load --profile dev --rate "$RATE" --seconds 0 >> "$LOGS/workload.log" 2>&1 &
-  echo $! > "$PIDS/workload.pid"
+  record workload $!
   echo "workload: started ($RATE tx/s; log $LOGS/workload.log)"
 else
   echo "workload: already running"
@@ -62,10 +57,10 @@ fi
 # Capture: one long-running process per source (like a Kafka Connect worker): logical
 # decoding for the PostgreSQL sources, polling for the MariaDB one.
 for source in shop bench crm; do
-  if [[ -z "$(alive "capture-$source" "capture run --source $source" || true)" ]]; then
-    setsid "$V/cdc-platform" capture run --source "$source" --status-file "$P/capture-$source.json" \
-      >> "$LOGS/capture-$source.log" 2>&1 &
-    echo $! > "$PIDS/capture-$source.pid"
+  if [[ -z "$(alive "capture-$source" || true)" ]]; then
+    setsid "$V/cdc-platform" capture run --config cdc_platform.yaml --source "$source" \
+      --status-file "$P/capture-$source.json" >> "$LOGS/capture-$source.log" 2>&1 &
+    record "capture-$source" $!
     echo "capture $source: started (log $LOGS/capture-$source.log)"
   else
     echo "capture $source: already running"
@@ -82,12 +77,12 @@ echo "observed every source table (job observe_sources)"
 "$V/cdc-platform" current --all 2>> "$LOGS/current.log" \
   || { echo "current failed; see $LOGS/current.log and the run in the Dagster UI" >&2; exit 1; }
 
-if [[ -n "$(alive dagster "dagster dev" || true)" ]]; then
+if [[ -n "$(alive dagster || true)" ]]; then
   echo "Dagster UI already running on http://127.0.0.1:$UI_PORT"; exit 0
 fi
 if [[ "${CDC_DEMO_DETACH:-0}" == "1" ]]; then
   setsid "$V/dagster" dev -h 127.0.0.1 -p "$UI_PORT" -w workspace.yaml >> "$LOGS/dagster.log" 2>&1 &
-  echo $! > "$PIDS/dagster.pid"
+  record dagster $!
   for _ in $(seq 1 120); do
     if curl -sf "http://127.0.0.1:$UI_PORT/server_info" >/dev/null 2>&1; then
       echo "Dagster UI: http://127.0.0.1:$UI_PORT (log $LOGS/dagster.log; stop with: make down)"; exit 0
@@ -96,6 +91,6 @@ if [[ "${CDC_DEMO_DETACH:-0}" == "1" ]]; then
   done
   echo "Dagster UI did not answer on 127.0.0.1:$UI_PORT within 120 s; see $LOGS/dagster.log" >&2; exit 1
 fi
-trap 'stop workload "demo load"; stop capture-shop "capture run --source shop"; stop capture-bench "capture run --source bench"; stop capture-crm "capture run --source crm"' EXIT
+trap 'for name in workload capture-shop capture-bench capture-crm; do stop "$name"; done' EXIT
 echo "Dagster UI: http://127.0.0.1:$UI_PORT  (Ctrl-C stops the UI, the workload and capture; 'make down' stops the stack)"
 "$V/dagster" dev -h 127.0.0.1 -p "$UI_PORT" -w workspace.yaml

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, types, then pytest against a real PostgreSQL and Kafka.
-# pytest starts the isolated `test` stack itself (ports 5434/9192, .cdc/test/) and stops
+# The whole test suite: lint, types, then pytest against a real PostgreSQL, MariaDB and Kafka.
+# pytest starts the isolated `test` stack itself (ports 5434/9192/3308, .cdc/test/) and stops
 # it afterwards if it started it; a service that cannot start fails the run loudly.
+# Arguments go to pytest: scripts/test.sh -m "not integration" is the fast layer (no
+# services, no jars). SIGTERM (a CI timeout) ends pytest like Ctrl-C: it stops the stack.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=.venv/bin
@@ -13,4 +15,5 @@ echo "== mypy (strict) on cdc_platform/"
 $V/mypy
 echo "== pytest"
 # -p no:cacheprovider: CI runs from a fresh clone; nothing to cache between runs
-exec $V/pytest -p no:cacheprovider "$@"
+# --durations: the slowest tests are printed, so a slow suite is visible
+exec $V/pytest -p no:cacheprovider --durations=25 "$@"

@@ -6,12 +6,12 @@ from cdc_platform.config.model import (
     ErrorTolerance,
     JdbcSource,
     KafkaConfig,
-    MissingSecretError,
     PlatformConfig,
     PollConfig,
     PostgresSource,
     TableConfig,
 )
+from cdc_platform.model.errors import MissingSecretError
 
 __all__ = [
     "CONFIG_ENV",

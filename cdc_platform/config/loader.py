@@ -56,12 +56,19 @@ def load_config(path: str | os.PathLike[str] | None = None) -> PlatformConfig:
 
 
 def _resolve_paths(config: PlatformConfig, config_path: Path) -> PlatformConfig:
-    """A relative lake root is relative to the config file, not to the working directory."""
+    """Relative paths (the lake root, the jars directory) are relative to the config file,
+    not to the working directory."""
+    base = config_path.resolve().parent
     root = config.lake.root
-    if "://" in root or Path(root).is_absolute():
-        return config
-    absolute = (config_path.resolve().parent / root).resolve()
-    return config.model_copy(update={"lake": config.lake.model_copy(update={"root": str(absolute)})})
+    if "://" not in root and not Path(root).is_absolute():
+        config = config.model_copy(
+            update={"lake": config.lake.model_copy(update={"root": str((base / root).resolve())})}
+        )
+    jars = config.spark.jars_dir
+    if jars is not None and not Path(jars).is_absolute():
+        spark = config.spark.model_copy(update={"jars_dir": str((base / jars).resolve())})
+        config = config.model_copy(update={"spark": spark})
+    return config
 
 
 def _describe(exc: ValidationError, node: yaml.Node | None, path: Path) -> list[str]:

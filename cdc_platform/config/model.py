@@ -24,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from cdc_platform.model.errors import MissingSecretError
+
 # Postgres identifiers as they appear in config: either plain (letters, digits, _, $) or
 # anything in double quotes ("Order Items"). Quoting is preserved to the SQL layer.
 _IDENT = r'(?:[A-Za-z_][A-Za-z0-9_$]*|"(?:[^"]|"")+")'
@@ -35,10 +37,6 @@ SourceName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]*$", max_
 
 # Option keys whose values are secrets; they must come from the environment.
 SECRET_OPTION_RE = re.compile(r"(password|secret|jaas\.config|token|key\.pem|credential)", re.IGNORECASE)
-
-
-class MissingSecretError(RuntimeError):
-    """A secret's environment variable is not set."""
 
 
 def read_secret(env_var: str, field_path: str) -> SecretStr:
@@ -319,6 +317,14 @@ class SparkConfig(_Strict):
     master: str = Field(default="local[*]", min_length=1)
     app_name: str = "cdc_platform"
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark conf, passed through.")
+    jars_dir: str | None = Field(
+        default=None,
+        description=(
+            "Directory of the Spark-side jars (Delta Lake, JDBC drivers), relative to this file; "
+            "scripts/bootstrap.sh resolves them into .cdc/jars/spark. Unset: $CDC_SPARK_JARS_DIR, "
+            "else Spark downloads the pinned packages from Maven Central (spark.jars.packages)."
+        ),
+    )
 
 
 WINDOW_RE = re.compile(r"^(?P<n>[1-9][0-9]*)(?P<unit>[mhd])$")
@@ -495,28 +501,3 @@ class PlatformConfig(_Strict):
         prefix = self.sources[table.source].topic_prefix or table.source
         # Kafka topic names allow [A-Za-z0-9._-]; Debezium replaces anything else with '_'.
         return re.sub(r"[^A-Za-z0-9._-]", "_", f"{prefix}.{table.schema_name}.{table.table_name}")
-
-    def postgres(self, source_name: str) -> PostgresSource:
-        """The source as a PostgreSQL source; a clear error for a jdbc one."""
-        source = self.sources[source_name]
-        if not isinstance(source, PostgresSource):
-            raise ValueError(f"source '{source_name}' is a {source.kind} source, not a postgres one")
-        return source
-
-    def jdbc(self, source_name: str) -> JdbcSource:
-        source = self.sources[source_name]
-        if not isinstance(source, JdbcSource):
-            raise ValueError(f"source '{source_name}' is a {source.kind} source, not a jdbc one")
-        return source
-
-    def is_polled(self, table: TableConfig) -> bool:
-        return self.is_polled_source(table.source)
-
-    def is_polled_source(self, source_name: str) -> bool:
-        return isinstance(self.sources[source_name], JdbcSource)
-
-    def slot_for(self, source_name: str) -> str:
-        return self.postgres(source_name).slot_name or f"cdc_{source_name}"
-
-    def publication_for(self, source_name: str) -> str:
-        return self.postgres(source_name).publication or f"cdc_{source_name}"

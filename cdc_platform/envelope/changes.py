@@ -2,7 +2,7 @@
 
 Accepts the platform's envelope and a real Debezium PostgreSQL connector's (JSON, with
 or without the ``schema`` part): same fields, same representations. Values become the
-lake types of ``cdc_platform/spark/lake_types.py`` so the changelog and the snapshot
+lake types of ``cdc_platform/lake/lake_types.py`` so the changelog and the snapshot
 agree on every type. A record that cannot be decoded raises ``ChangeDecodeError`` with
 the reason; the changelog sends it to the dead-letter table.
 """
@@ -56,6 +56,8 @@ class ChangeRow:
     after: dict[str, Any] | None = None
     # columns whose value PostgreSQL did not send (unchanged TOAST): keep the current one
     unavailable: list[str] = field(default_factory=list)
+    # fields of the images that the table's schema does not know (a column the source added)
+    unknown: list[str] = field(default_factory=list)
 
     @property
     def is_tombstone(self) -> bool:
@@ -114,6 +116,9 @@ def decode_record(
         setattr(row, part, values)
         if part == "after":
             row.unavailable = unavailable
+        extra = [name for name in image if name not in values]
+        if extra:
+            row.unknown = sorted({*row.unknown, *extra})
     if op in ("c", "u", "r") and row.after is None:
         raise ChangeDecodeError(f"op '{op}' without 'after'")
     if op == "d" and row.before is None and row.key is None:
@@ -148,7 +153,7 @@ def _is_placeholder(raw: Any, column: LakeColumnSpec) -> bool:
 
 
 def lake_value(raw: Any, pgtype: PgType, typmod: int, decimal_handling: str = "precise") -> Any:
-    """A Debezium JSON value as the lake stores it (see spark/lake_types.py)."""
+    """A Debezium JSON value as the lake stores it (see lake/lake_types.py)."""
     if raw is None:
         return None
     kind = pgtype.kind

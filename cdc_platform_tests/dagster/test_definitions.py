@@ -12,10 +12,10 @@ import dagster as dg
 import pytest
 
 from cdc_platform.config import load_config
-from cdc_platform.definitions import build_definitions
-from cdc_platform.demo.workload import app_connect
-from cdc_platform.devstack import StackProfile
-from cdc_platform.devstack.postgres import LocalPostgres
+from cdc_platform.devtools.demo.workload import app_connect
+from cdc_platform.devtools.stack import StackProfile
+from cdc_platform.devtools.stack.postgres import LocalPostgres
+from cdc_platform.orchestration.definitions import build_definitions
 from cdc_platform_tests.conftest import REPO_ROOT, write_config
 
 pytestmark = pytest.mark.integration
@@ -30,7 +30,7 @@ def _groups(defs: dg.Definitions) -> dict[str, set[str]]:
 
 def test_one_asset_group_per_configured_table() -> None:
     config = load_config(REPO_ROOT / "cdc_platform.yaml")
-    groups = _groups(build_definitions(config))
+    groups = _groups(build_definitions(REPO_ROOT / "cdc_platform.yaml"))
     expected = {f"{t.source}_{t.dagster_name}" for t in config.tables}
     assert set(groups) == expected
     assert groups["shop_order_lines"] == {
@@ -47,7 +47,9 @@ def test_one_asset_group_per_configured_table() -> None:
         "shop/customers",
         "shop/customers/history",
     }
-    specs = {s.key.to_user_string(): s for s in build_definitions(config).resolve_all_asset_specs()}
+    specs = {
+        s.key.to_user_string(): s for s in build_definitions(REPO_ROOT / "cdc_platform.yaml").resolve_all_asset_specs()
+    }
     assert specs["shop/orders/source"].kinds == {"postgres"}
     assert specs["shop/orders/source"].metadata["topic"] == "shop.public.orders"
     snapshot = specs["shop/orders/snapshot"]
@@ -81,15 +83,15 @@ def test_bad_config_fails_the_code_location_with_the_config_message(tmp_path: Pa
     bad = tmp_path / "bad.yaml"
     bad.write_text("sources: {}\nkafka: {bootstrap_servers: x}\nlake: {root: l}\ntables: []\n")
     result = subprocess.run(
-        [sys.executable, "-c", "import cdc_platform.definitions"],
-        env={**os.environ, "CDC_PLATFORM_CONFIG": str(bad)},
+        [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-m", "cdc_platform.definitions"],
+        env={**os.environ, "CDC_PLATFORM_CONFIG": str(bad), "DAGSTER_HOME": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
     assert result.returncode != 0
-    assert "bad.yaml:1: sources: Dictionary should have at least 1 item" in result.stderr
+    assert "bad.yaml:1: sources: Dictionary should have at least 1 item" in result.stdout + result.stderr
 
 
 def _observe(defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
@@ -98,7 +100,7 @@ def _observe(defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.ExecuteIn
 
 
 def test_observation_reports_the_source_table(demo_config_path: Path, tmp_path: Path, capture_password: str) -> None:
-    defs = build_definitions(load_config(demo_config_path))
+    defs = build_definitions(demo_config_path)
     (tmp_path / "dagster").mkdir()
     pg = LocalPostgres(_profile(demo_config_path))
     with pg.admin_connect("shop") as admin:  # capture's slot for source 'shop'
@@ -137,7 +139,7 @@ def test_observation_reports_the_source_table(demo_config_path: Path, tmp_path: 
 
 
 def _profile(config_path: Path) -> StackProfile:
-    from cdc_platform.devstack import PROFILES
+    from cdc_platform.devtools.stack import PROFILES
 
     port = load_config(config_path).sources["shop"].port
     return next(p for p in PROFILES.values() if p.pg_port == port)
@@ -171,9 +173,9 @@ def test_observation_fails_with_a_message_naming_the_fix(
     if table_sql:
         with app_connect(demo_db) as conn:
             conn.execute(table_sql)
-    config = load_config(write_config(tmp_path / "c.yaml", demo_db, table_yaml))
+    config_path = write_config(tmp_path / "c.yaml", demo_db, table_yaml)
     with dg.instance_for_test() as instance:
-        result = _observe(build_definitions(config), instance)
+        result = _observe(build_definitions(config_path), instance)
     assert not result.success
     [failure] = [ev for ev in result.all_events if ev.is_step_failure]
     assert failure.step_failure_data.user_failure_data is not None  # a dg.Failure, not a crash
@@ -184,9 +186,8 @@ def test_bad_credentials_fail_with_the_fix_and_without_the_password(
     demo_config_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CDC_PG_PASSWORD", "wrong-password-xyz")
-    config = load_config(demo_config_path)
     with dg.instance_for_test() as instance:
-        result = _observe(build_definitions(config), instance)
+        result = _observe(build_definitions(demo_config_path), instance)
     failures = [ev.step_failure_data for ev in result.all_events if ev.is_step_failure]
     assert failures
     for failure in failures:
@@ -199,16 +200,21 @@ def test_bad_credentials_fail_with_the_fix_and_without_the_password(
 def test_snapshot_generation_materializes_with_watermark_and_reason(
     demo_config_path: Path, tmp_path: Path, capture_password: str
 ) -> None:
-    from cdc_platform.orchestration import start_generations
+    from cdc_platform.lake.ledger import Ledger
+    from cdc_platform.orchestration.runs import start_generations
 
     config = load_config(demo_config_path)
     table = config.table("shop.public.order_lines")
     (tmp_path / "dagster").mkdir()
     with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        [run] = start_generations(config, [table], reason="manual", instance=instance)
+        [run] = start_generations(demo_config_path, [table], reason="manual", instance=instance)
         assert run.success
-        # a second call with if_missing does nothing: the table has a generation
-        assert start_generations(config, [table], reason="bootstrap", if_missing=True, instance=instance) == []
+        # a second call with if_missing does nothing: the table has a committed generation
+        assert (
+            start_generations(demo_config_path, [table], reason="bootstrap", if_missing=True, instance=instance) == []
+        )
+        committed = Ledger(config.lake.root).committed(table.key)
+        assert committed is not None and committed.generation == run.generation and committed.reason == "manual"
         record = instance.get_latest_materialization_event(dg.AssetKey(["shop", "order_lines", "snapshot"]))
         assert record is not None and record.asset_materialization is not None
         metadata = record.asset_materialization.metadata
@@ -226,3 +232,23 @@ def test_snapshot_generation_materializes_with_watermark_and_reason(
     assert columns["unit_price"] == "decimal(12,2)" and columns["order_id"] == "bigint"
     stored = b"".join(p.read_bytes() for p in (tmp_path / "dagster").rglob("*") if p.is_file())
     assert capture_password.encode() not in stored
+
+
+def test_the_cli_uses_the_config_it_was_given_from_any_directory(demo_db: StackProfile, tmp_path: Path) -> None:
+    """Bug 7: from a directory without ./cdc_platform.yaml, ``--config`` is the config of
+    every command, the Dagster runs included."""
+    config = write_config(tmp_path / "conf.yaml", demo_db, "  - name: shop.public.products\n")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "home").mkdir()
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "cdc-platform"), "rehydrate", "--all", "--config", str(config)],
+        cwd=tmp_path / "elsewhere",
+        env={**os.environ, "DAGSTER_HOME": str(tmp_path / "home")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "shop.public.products: current rebuilt" in result.stdout
+    assert (tmp_path / "lake" / "shop" / "products" / "current" / "_delta_log").is_dir()  # the config's lake

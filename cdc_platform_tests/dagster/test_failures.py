@@ -1,5 +1,6 @@
 """Failure handling on a real instance: a fatal error fails once (no retry) with the fix
-in its message, and the run-failure sensor names the table and the reason."""
+in its message, a transient outage is retried (issue 13, bug 6), the failed generation is
+recorded as failed in the ledger, and the run-failure sensor names the table and reason."""
 
 from __future__ import annotations
 
@@ -10,17 +11,20 @@ import dagster as dg
 import pytest
 
 from cdc_platform.config import load_config
-from cdc_platform.orchestration import start_generations
-from cdc_platform.sensors import describe_failure
+from cdc_platform.lake.ledger import Ledger
+from cdc_platform.model.generations import GenerationStatus
+from cdc_platform.orchestration.runs import start_generations
+from cdc_platform.orchestration.sensors.failures import describe_failure
 from cdc_platform_tests.conftest import write_config
 
 pytestmark = pytest.mark.integration
 
 
 def test_fatal_failure_is_not_retried_and_is_reported(demo_db: Any, spark: Any, tmp_path: Path) -> None:
-    config = load_config(write_config(tmp_path / "c.yaml", demo_db, "  - name: shop.public.no_such_table\n"))
+    path = write_config(tmp_path / "c.yaml", demo_db, "  - name: shop.public.no_such_table\n")
+    config = load_config(path)
     with dg.instance_for_test() as instance:
-        [run] = start_generations(config, config.tables, reason="manual", instance=instance)
+        [run] = start_generations(path, config.tables, reason="manual", instance=instance)
         assert not run.success
         dagster_run = instance.get_run_by_id(run.run_id)
         assert dagster_run is not None
@@ -38,3 +42,33 @@ def test_fatal_failure_is_not_retried_and_is_reported(demo_db: Any, spark: Any, 
         report = describe_failure(context)
     assert report.startswith("run for shop.public.no_such_table (rehydration: manual) failed: table public.no_such")
     assert "does not exist" in report and "fix the name in the config or create the table" in report
+    [generation] = Ledger(config.lake.root).generations("shop.public.no_such_table").values()
+    assert generation.status is GenerationStatus.FAILED and generation.detail.startswith("fatal: table public.no_such")
+
+
+def test_a_transient_outage_is_retried_not_fatal(demo_db: Any, spark: Any, tmp_path: Path) -> None:
+    """Bug 6: a MariaDB that cannot be reached during a generation is a retriable failure."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        f"""sources:
+  crm: {{kind: jdbc, port: 1, database: crm, user: cdc_poll, password_env: CDC_MARIADB_PASSWORD}}
+kafka: {{bootstrap_servers: "{demo_db.kafka_bootstrap}"}}
+lake: {{root: lake}}
+tables:
+  - name: crm.crm.accounts
+    poll: {{mode: incrementing, incrementing_column: id}}
+"""
+    )
+    config = load_config(path)
+    with dg.instance_for_test() as instance:
+        [run] = start_generations(path, config.tables, reason="manual", instance=instance)
+        assert not run.success
+        retries = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_UP_FOR_RETRY)
+        failures = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
+    assert len(retries) == 3 and len(failures) == 1  # the RetryPolicy's three retries, then it gave up
+    [failure] = failures
+    assert failure.dagster_event is not None
+    data = failure.dagster_event.step_failure_data
+    assert data.user_failure_data is not None
+    assert data.user_failure_data.metadata["error_class"].value == "retriable"
+    assert "is the database up" in (data.user_failure_data.description or "")

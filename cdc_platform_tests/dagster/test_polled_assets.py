@@ -14,9 +14,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from cdc_platform.factories.table import COMPLETENESS_CHECK, KEYS_CHECK, current_asset_key, source_asset_key
-from cdc_platform.spark.changelog import materialize_window
-from cdc_platform.spark.current import current_path
+from cdc_platform.devtools.lake import Lake
+from cdc_platform.orchestration.keys import COMPLETENESS_CHECK, KEYS_CHECK, current_asset_key, source_asset_key
 from cdc_platform_tests.dagster.test_rehydration import Harness
 from cdc_platform_tests.integration.polling_env import PollingEnv, make_polling_env
 
@@ -82,19 +81,19 @@ def test_polled_table_assets_checks_and_reconciliation(
             db.execute("DELETE FROM accounts WHERE id IN (5, 6)")
         env.poll()
         time.sleep(1.1)
-        materialize_window(spark, h.config, h.table, start, datetime.now(UTC).replace(microsecond=0))
+        Lake(h.config, spark).window(h.table.key, start, datetime.now(UTC).replace(microsecond=0))
         assert h.current()
         status, metadata, severity = _check(instance, h.table, COMPLETENESS_CHECK)
         assert (status, metadata["deleted_in_source"], severity) == ("FAILED", 2, dg.AssetCheckSeverity.WARN)
         assert _check(instance, h.table, KEYS_CHECK)[0] == "SUCCEEDED"
         # a warning is not a rehydration cause; the reconciliation interval is
         assert not h.tick().run_requests
-        later = time.time() + 3600
-        monkeypatch.setattr("cdc_platform.sensors.time.time", lambda: later)
+        later = datetime.now(UTC) + timedelta(hours=1)
+        monkeypatch.setattr("cdc_platform.orchestration.sensors.rehydration.utc_now", lambda: later)
         h.execute(h.expect("reconciliation"))
         monkeypatch.undo()
         assert h.current()
-        current = spark.read.format("delta").load(current_path(h.config, h.table))
+        current = Lake(h.config, spark).read_current(h.table.key)
         assert {r["id"]: (r["email"], r["plan"]) for r in current.collect()} == _live(env)
         status, metadata, _ = _check(instance, h.table, COMPLETENESS_CHECK)
         assert (status, metadata["deleted_in_source"], metadata["rows_dropped_by_generation"]) == ("SUCCEEDED", 0, 2)

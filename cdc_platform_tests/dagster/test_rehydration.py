@@ -17,18 +17,11 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from cdc_platform.definitions import build_definitions
-from cdc_platform.factories.table import (
-    KEYS_CHECK,
-    SCHEMA_CHECK,
-    current_asset_key,
-    generations_partitions,
-    snapshot_asset_key,
-)
-from cdc_platform.orchestration import apply_current
-from cdc_platform.spark.changelog import materialize_window
-from cdc_platform.spark.current import current_path
-from cdc_platform.spark.snapshot import take_snapshot
+from cdc_platform.devtools.daemon import Daemon
+from cdc_platform.devtools.lake import Lake
+from cdc_platform.orchestration.keys import KEYS_CHECK, SCHEMA_CHECK, current_asset_key, snapshot_asset_key
+from cdc_platform.orchestration.partitions import generations_partitions
+from cdc_platform.orchestration.runs import apply_current
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 from cdc_platform_tests.integration.polling_env import PollingEnv
 
@@ -56,22 +49,17 @@ def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
 
 class Harness:
     """The code location built from the env's config, a real (temporary) instance, and the
-    rehydration sensor evaluated tick by tick with its cursor carried over."""
+    rehydration sensor evaluated tick by tick, its runs executed as the daemon would."""
 
     def __init__(self, env: CaptureEnv | PollingEnv, instance: dg.DagsterInstance, table_key: str = "") -> None:
         self.env, self.instance = env, instance
         self.config = env.config
         self.table = self.config.table(table_key or f"cap.{getattr(env, 'schema', '')}.items")
-        self.defs = build_definitions(self.config)
-        self.cursor: str | None = None
+        self.daemon = Daemon(env.config_path, instance, log=lambda _m: None)
+        self.defs = self.daemon.defs
 
     def tick(self) -> dg.SensorResult:
-        sensor = self.defs.resolve_sensor_def("rehydration")
-        context = dg.build_sensor_context(instance=self.instance, cursor=self.cursor, definitions=self.defs)
-        result = sensor(context)
-        assert isinstance(result, dg.SensorResult)
-        self.cursor = result.cursor
-        return result
+        return self.daemon.evaluate("rehydration")
 
     def expect(self, reason: str) -> dg.RunRequest:
         result = self.tick()
@@ -79,18 +67,17 @@ class Harness:
         [request] = result.run_requests or []
         return request
 
-    def execute(self, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
+    def execute(self, request: dg.RunRequest, success: bool = True) -> dg.ExecuteInProcessResult:
         """What the daemon does with the request: add the partition, run the job."""
         name = generations_partitions(self.table).name
-        assert name is not None and request.partition_key is not None and request.job_name is not None
+        assert name is not None and request.partition_key is not None
         self.instance.add_dynamic_partitions(name, [request.partition_key])
-        job = self.defs.resolve_job_def(request.job_name)
-        result = job.execute_in_process(instance=self.instance, partition_key=request.partition_key, tags=request.tags)
-        assert result.success
+        result = self.daemon.execute(request)
+        assert result.success is success
         return result
 
     def current(self) -> bool:
-        [(_, success, _)] = apply_current(self.config, [self.table], self.instance)
+        [(_, success, _)] = apply_current(self.env.config_path, [self.table], self.instance)
         return success
 
     def check_passed(self, name: str) -> bool:
@@ -99,15 +86,13 @@ class Harness:
         return bool(record.status.value == "SUCCEEDED")
 
 
-def _assert_current_equals_source(spark: Any, harness: Harness, root: Path) -> None:
-    config = harness.config
-    verify = config.model_copy(update={"lake": config.lake.model_copy(update={"root": str(root)})})
-    truth = spark.read.format("delta").load(take_snapshot(spark, verify, harness.table, "truth").path)
-    current = spark.read.format("delta").load(current_path(config, harness.table)).drop("_cdc_commit_lsn", "_cdc_lsn")
+def _assert_current_equals_source(spark: Any, harness: Harness) -> None:
+    lake = Lake(harness.config, spark)
+    truth, current = lake.truth(harness.table.key), lake.read_current(harness.table.key)
     assert (truth.exceptAll(current).count(), current.exceptAll(truth).count()) == (0, 0)
 
 
-def test_each_trigger_starts_one_generation_and_current_follows(env: CaptureEnv, spark: Any, tmp_path: Path) -> None:
+def test_each_trigger_starts_one_generation_and_current_follows(env: CaptureEnv, spark: Any) -> None:
     t_start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
     with env.app() as app:
         app.execute("INSERT INTO items SELECT g, 'b' || g, g FROM generate_series(1, 50) g")
@@ -130,7 +115,7 @@ def test_each_trigger_starts_one_generation_and_current_follows(env: CaptureEnv,
         request = h.expect("manual")
         assert not h.tick().run_requests  # the same signal, and the generation in flight: no second run
         h.execute(request)
-        records = instance.fetch_materializations(snapshot_asset_key(h.table), limit=1).records
+        records = instance.fetch_materializations(snapshot_asset_key(h.table), limit=1).records  # for display
         materialization = records[0].asset_materialization
         assert materialization is not None
         assert materialization.metadata["rehydration_reason"].value == "manual"
@@ -140,7 +125,7 @@ def test_each_trigger_starts_one_generation_and_current_follows(env: CaptureEnv,
         # before, so the next window would start inside the hole)
         time.sleep(1.1)
         t_window = datetime.now(UTC).replace(microsecond=0)
-        materialize_window(spark, h.config, h.table, t_start, t_window)
+        Lake(h.config, spark).window(h.table.key, t_start, t_window)
         with env.app() as app:
             app.execute("UPDATE items SET body = 'gap' WHERE id <= 20")
         env.run_until_caught_up()
@@ -157,16 +142,16 @@ def test_each_trigger_starts_one_generation_and_current_follows(env: CaptureEnv,
             app.execute("UPDATE items SET body = 'resumed' WHERE id > 40")
         env.run_until_caught_up()
         time.sleep(1.1)
-        materialize_window(spark, h.config, h.table, t_window, datetime.now(UTC).replace(microsecond=0))
+        Lake(h.config, spark).window(h.table.key, t_window, datetime.now(UTC).replace(microsecond=0))
         assert h.current()
-        _assert_current_equals_source(spark, h, tmp_path / "verify_gap")
+        _assert_current_equals_source(spark, h)
         assert not h.tick().run_requests
 
         # the current table is deleted
-        shutil.rmtree(current_path(h.config, h.table))
+        shutil.rmtree(Lake(h.config, spark).table(h.table.key).current_path)
         h.execute(h.expect("current_missing"))
         assert h.current()
-        _assert_current_equals_source(spark, h, tmp_path / "verify_missing")
+        _assert_current_equals_source(spark, h)
 
         # the replication slot is dropped: the generation creates a new one, capture resumes
         with env.admin() as pg:
@@ -182,11 +167,12 @@ def test_each_trigger_starts_one_generation_and_current_follows(env: CaptureEnv,
         assert not h.tick().run_requests
 
         # a duplicate key in current fails the blocking keys check
-        frame = spark.read.format("delta").load(current_path(h.config, h.table))
-        frame.limit(1).write.format("delta").mode("append").save(current_path(h.config, h.table))
-        from cdc_platform.spark.checks import check_keys
+        path = Lake(h.config, spark).table(h.table.key).current_path
+        frame = spark.read.format("delta").load(path)
+        frame.limit(1).write.format("delta").mode("append").save(path)
+        from cdc_platform.lake.checks import check_keys
 
-        report = check_keys(spark, spark.read.format("delta").load(current_path(h.config, h.table)), None, ["id"])
+        report = check_keys(spark.read.format("delta").load(path), None, ["id"])
         assert report.duplicate_keys == 1 and not report.passed
         h.current()  # no new changes; its keys check sees the duplicate
         assert not h.check_passed(KEYS_CHECK)
@@ -208,7 +194,7 @@ def test_each_trigger_starts_one_generation_and_current_follows(env: CaptureEnv,
             assert offending in request.tags["cdc/detail"]
             h.execute(request)
             assert h.current() and h.check_passed(SCHEMA_CHECK)  # the new generation is the new baseline
-            _assert_current_equals_source(spark, h, tmp_path / f"verify_{offending[:3]}")
+            _assert_current_equals_source(spark, h)
             assert not h.tick().run_requests
 
         # a compatible change (a nullable column dropped) passes without a new generation
@@ -247,3 +233,119 @@ def _end_offsets(env: CaptureEnv) -> list[TopicPartition]:
         ]
     finally:
         consumer.close()
+
+
+# ---------------------------------------------------------------- issue 13's recovery bugs
+
+
+def _five_rows_captured(env: CaptureEnv) -> None:
+    with env.app() as app:
+        app.execute("INSERT INTO items SELECT g, 'b', g FROM generate_series(1, 5) g")
+    env.run_until_caught_up()
+
+
+def _signal(env: CaptureEnv, ids: str) -> None:
+    data = f'{{"data-collections": ["{env.schema}.items"]}}'
+    with env.app() as app:
+        app.execute(f"INSERT INTO signals SELECT 's' || g, 'execute-snapshot', %s FROM {ids} g".encode(), (data,))
+
+
+def test_ten_thousand_windows_since_the_watermark_are_no_gap(env: CaptureEnv) -> None:
+    """Bug 1: with 10 050 windows recorded since the watermark, the next offset the
+    changelog needs is past all of them; Kafka holding only those is no gap."""
+    from confluent_kafka import Producer
+
+    from cdc_platform.lake.ledger import Ledger
+    from cdc_platform.model.generations import GenerationEvent, GenerationStatus, Watermark
+    from cdc_platform.model.windows import WindowPlan, WindowRange
+
+    env.run_until_caught_up()  # the topic exists
+    table = env.config.table(f"cap.{env.schema}.items")
+    topic = env.config.topic_for(table)
+    producer = Producer({"bootstrap.servers": env.profile.kafka_bootstrap, "linger.ms": 50})
+    for i in range(100_500):
+        producer.produce(topic, b"{}", key=b"k", partition=0)
+        if i % 50_000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+    admin = AdminClient({"bootstrap.servers": env.profile.kafka_bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, 100_500)]).values():
+        future.result(timeout=30)  # Kafka now starts at 100 500 on partition 0
+    ledger = Ledger(env.config.lake.root)
+    ends = {p: 0 for p in range(3)}
+    ledger.record_generation(
+        GenerationEvent(table.key, "g1", GenerationStatus.COMMITTED, cause="bootstrap",
+                        watermark=Watermark(1, ends, datetime.now(UTC) - timedelta(days=8)))
+    )  # fmt: skip
+    ledger.record_windows(
+        table.key,
+        [WindowPlan(f"w{i:05d}", (WindowRange(0, i * 10, i * 10 + 10, f"w{i + 1:05d}"),), reused=False)
+         for i in range(10_050)],
+    )  # fmt: skip
+    with dg.instance_for_test() as instance:
+        result = Harness(env, instance).tick()
+    assert not result.run_requests, result.skip_reason
+
+
+def test_many_signal_rows_start_one_generation(env: CaptureEnv, spark: Any) -> None:
+    """Bug 2: 1 001 signal rows (never pruned) ask once, not on every tick."""
+    _five_rows_captured(env)
+    with dg.instance_for_test() as instance:
+        h = Harness(env, instance)
+        h.execute(h.expect("bootstrap"))
+        _signal(env, "generate_series(1, 1001)")
+        request = h.expect("manual")
+        assert "1001 rows" in request.tags["cdc/detail"]
+        h.execute(request)
+        assert not h.tick().run_requests
+        assert not h.tick().run_requests
+        _signal(env, "generate_series(2001, 2001)")  # a new row asks again, once
+        h.execute(h.expect("manual"))
+        assert not h.tick().run_requests
+
+
+def test_a_failed_generation_does_not_block_rehydration(env: CaptureEnv, spark: Any) -> None:
+    """Bug 3: a generation that failed is not 'in flight' forever, and a signal that
+    arrived while it ran is acted on afterwards."""
+    _five_rows_captured(env)
+    with dg.instance_for_test() as instance:
+        h = Harness(env, instance)
+        request = h.expect("bootstrap")
+        with env.app() as app:
+            app.execute("ALTER TABLE items RENAME TO items_away")
+        h.execute(request, success=False)  # fatal: the table is missing
+        with env.app() as app:
+            app.execute("ALTER TABLE items_away RENAME TO items")
+        _signal(env, "generate_series(1, 1)")
+        request = h.expect("manual")  # the failed bootstrap pauses before its retry; the signal goes first
+        h.execute(request)
+        assert h.current()
+        _assert_current_equals_source(spark, h)
+        assert not h.tick().run_requests
+
+
+def test_a_generation_named_in_the_launchpad_is_ordered_by_when_it_was_taken(env: CaptureEnv, spark: Any) -> None:
+    """Bug 4: any partition name works; the lake uses the generation taken last."""
+    from cdc_platform.lake.ledger import Ledger
+
+    _five_rows_captured(env)
+    with dg.instance_for_test() as instance:
+        h = Harness(env, instance)
+        h.execute(h.expect("bootstrap"))
+        assert h.current()
+        with env.app() as app:
+            app.execute("UPDATE items SET body = 'after' WHERE id = 1")
+        # a person adds a partition in the launchpad and materializes it (no cdc tags)
+        name = generations_partitions(h.table).name
+        assert name is not None
+        instance.add_dynamic_partitions(name, ["2026-rerun"])
+        job = h.defs.resolve_job_def("cap__items__generation_job")
+        assert job.execute_in_process(instance=instance, partition_key="2026-rerun").success
+        committed = Ledger(h.config.lake.root).committed(h.table.key)
+        assert committed is not None and committed.generation == "2026-rerun"
+        result = h.tick()
+        assert not result.run_requests and "in flight" not in str(result.skip_reason)
+        assert h.current()
+        position = Ledger(h.config.lake.root).current(h.table.key)
+        assert position is not None and position.generation == "2026-rerun"
+        _assert_current_equals_source(spark, h)

@@ -18,8 +18,8 @@ import dagster as dg
 import pytest
 
 from cdc_platform.config import load_config
-from cdc_platform.devstack.screenshot import capture_page
-from cdc_platform.orchestration import apply_current, start_generations
+from cdc_platform.devtools.screenshot import capture_page
+from cdc_platform.orchestration.runs import apply_current, start_generations
 from cdc_platform_tests.conftest import REPO_ROOT, write_config
 
 pytestmark = pytest.mark.integration
@@ -42,9 +42,9 @@ def ui(demo_db: Any, spark: Any, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     os.environ["DAGSTER_HOME"] = str(home)
     try:
         instance = dg.DagsterInstance.get()
-        [run] = start_generations(config, config.tables, reason="bootstrap", instance=instance)
+        [run] = start_generations(config_path, config.tables, reason="bootstrap", instance=instance)
         assert run.success
-        assert all(ok for _, ok, _ in apply_current(config, config.tables, instance))
+        assert all(ok for _, ok, _ in apply_current(config_path, config.tables, instance))
     finally:
         os.environ.pop("DAGSTER_HOME", None)
     port = _free_port()

@@ -19,10 +19,12 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
-from cdc_platform.capture.postgres import CaptureOptions, CaptureStats, PostgresCapture
 from cdc_platform.config import PlatformConfig, load_config
-from cdc_platform.devstack import StackProfile
-from cdc_platform.devstack.postgres import APP_ROLE, CAPTURE_ROLE, PASSWORD_ENVS, LocalPostgres
+from cdc_platform.devtools.stack import StackProfile
+from cdc_platform.devtools.stack.postgres import APP_ROLE, CAPTURE_ROLE, PASSWORD_ENVS, LocalPostgres
+from cdc_platform.sources import CaptureSettings, open_source
+from cdc_platform.sources.postgres.slot import drop_slot
+from cdc_platform.sources.postgres.stream import CaptureStats, PostgresCapture
 
 
 @dataclass
@@ -86,7 +88,9 @@ class CaptureEnv:
         return LocalPostgres(self.profile).admin_connect("shop")
 
     def capture(self, **options: Any) -> PostgresCapture:
-        return PostgresCapture(self.config, "cap", CaptureOptions(**options))
+        capture = open_source(self.config, "cap").capture(CaptureSettings(**options))
+        assert isinstance(capture, PostgresCapture)
+        return capture
 
     def run_until_caught_up(self) -> CaptureStats:
         return self.capture(until_caught_up=True, give_up_after_s=60).run()
@@ -222,21 +226,7 @@ tables:
         yield env
     finally:
         with env.admin() as admin:
-            admin.execute(
-                """SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
-                   WHERE slot_name = %s AND active_pid IS NOT NULL""",
-                (env.slot,),
-            )
-            for _ in range(50):
-                if not admin.execute(
-                    "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active_pid IS NOT NULL", (env.slot,)
-                ).fetchone():
-                    break
-                time.sleep(0.1)
-            admin.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
-                (env.slot,),
-            )
+            _drop_slot(admin, env.slot)
             admin.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(ident(env.publication)))
             admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident(env.schema)))
         admin_client = AdminClient({"bootstrap.servers": profile.kafka_bootstrap})
@@ -245,3 +235,18 @@ tables:
         if doomed:
             for future in admin_client.delete_topics(doomed).values():
                 future.result(timeout=30)
+
+
+def _drop_slot(admin: psycopg.Connection[tuple[Any, ...]], slot: str) -> None:
+    """End the backend streaming from the slot, wait until it let go, drop it."""
+    from cdc_platform.sources.postgres.slot import read_slot
+
+    state = read_slot(admin, slot)
+    if state is not None and state.active_pid is not None:
+        admin.execute("SELECT pg_terminate_backend(%s)", (state.active_pid,))
+        for _ in range(50):
+            state = read_slot(admin, slot)
+            if state is None or state.active_pid is None:
+                break
+            time.sleep(0.1)
+    drop_slot(admin, slot)

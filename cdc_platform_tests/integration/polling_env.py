@@ -14,11 +14,12 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from cdc_platform.capture.jdbc import PollingCapture, PollOptions, offsets_topic
 from cdc_platform.config import PlatformConfig, load_config
-from cdc_platform.devstack import StackProfile
-from cdc_platform.devstack.mariadb import POLL_ROLE, LocalMariaDB
-from cdc_platform.devstack.stack import stack_env
+from cdc_platform.devtools.stack import StackProfile
+from cdc_platform.devtools.stack.mariadb import POLL_ROLE, LocalMariaDB
+from cdc_platform.devtools.stack.stack import stack_env
+from cdc_platform.sources import CaptureSettings, open_source
+from cdc_platform.sources.mysql.poller import PollingCapture
 from cdc_platform_tests.integration.capture_env import Message, consume_topics
 
 
@@ -70,9 +71,14 @@ tables:
         return load_config(self.config_path)
 
     def poller(self, **options: Any) -> PollingCapture:
-        return PollingCapture(
-            self.config, self.source, PollOptions(until_caught_up=True, give_up_after_s=60, **options)
-        )
+        settings = {"until_caught_up": True, "give_up_after_s": 60, **options}
+        poller = open_source(self.config, self.source).capture(CaptureSettings(**settings))
+        assert isinstance(poller, PollingCapture)
+        return poller
+
+    @property
+    def offsets_topic(self) -> str:
+        return f"__cdc-offsets.{self.prefix}"
 
     def poll(self) -> PollingCapture:
         poller = self.poller()
@@ -109,7 +115,7 @@ def make_polling_env(profile: StackProfile, tmp_path: Path, ddl: Sequence[str]) 
         admin.close()
     client = AdminClient({"bootstrap.servers": profile.kafka_bootstrap})
     topics = [t for t in client.list_topics(timeout=10).topics if t.startswith(env.prefix + ".")]
-    topics.append(offsets_topic(env.config, env.source))
+    topics.append(env.offsets_topic)
     for future in client.delete_topics(topics, operation_timeout=30).values():
         with contextlib.suppress(KafkaException):  # already gone
             future.result(timeout=30)

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from cdc_platform.capture.errors import FatalCaptureError, SlotLostError, classify_postgres_error
+from cdc_platform.model.errors import FatalError, SlotLostError
+from cdc_platform.sources.postgres.errors import classify_postgres_error
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 
 pytestmark = pytest.mark.integration
@@ -35,21 +36,35 @@ def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
 
 
 class Workload(threading.Thread):
-    """Steady random inserts, updates, deletes and key updates on both tables."""
+    """Steady random inserts, updates, deletes and key updates on both tables, for
+    ``seconds`` or, without them, until ``stop()``: tests that must overlap an event drive
+    it until that event has happened, whatever the machine's speed."""
 
-    def __init__(self, env: CaptureEnv, seconds: float, seed: int, first_id: int = 1) -> None:
+    def __init__(self, env: CaptureEnv, seconds: float | None, seed: int, first_id: int = 1) -> None:
         super().__init__(daemon=True)
         self.env, self.seconds, self.rng = env, seconds, random.Random(seed)
         self.first_id = first_id
         self.transactions = 0
         self.error: BaseException | None = None
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+    def wait_for(self, transactions: int, timeout_s: float = 120.0) -> None:
+        """Until ``transactions`` more have committed."""
+        target, deadline = self.transactions + transactions, time.monotonic() + timeout_s
+        while self.transactions < target and self.error is None:
+            assert time.monotonic() < deadline, f"the workload committed {self.transactions} of {target} transactions"
+            time.sleep(0.05)
 
     def run(self) -> None:
         try:
             with self.env.app(autocommit=False) as app:
                 next_id = self.first_id
-                deadline = time.monotonic() + self.seconds
-                while time.monotonic() < deadline:
+                deadline = time.monotonic() + self.seconds if self.seconds is not None else float("inf")
+                while time.monotonic() < deadline and not self._halt.is_set():
                     for _ in range(self.rng.randint(1, 4)):  # multi-statement transactions
                         roll = self.rng.random()
                         target = self.rng.randint(self.first_id, max(next_id, self.first_id + 1))
@@ -166,7 +181,7 @@ def test_reconnects_when_the_connection_is_killed(env: CaptureEnv) -> None:
 
 
 def test_survives_a_kafka_restart(env: CaptureEnv) -> None:
-    from cdc_platform.devstack.kafka import LocalKafka
+    from cdc_platform.devtools.stack.kafka import LocalKafka
 
     kafka = LocalKafka(env.profile)
     try:
@@ -191,7 +206,7 @@ def test_survives_a_kafka_restart(env: CaptureEnv) -> None:
 
 def test_bad_credentials(env: CaptureEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CDC_PG_PASSWORD", "not-the-password-42")
-    with pytest.raises(FatalCaptureError) as info:
+    with pytest.raises(FatalError) as info:
         env.run_until_caught_up()
     assert "bad credentials for user cdc_capture" in str(info.value)
     assert "password_env" in str(info.value)
@@ -201,18 +216,45 @@ def test_bad_credentials(env: CaptureEnv, monkeypatch: pytest.MonkeyPatch) -> No
 def test_missing_table(env: CaptureEnv) -> None:
     text = env.config_path.read_text().replace(f"cap.{env.schema}.lines", f"cap.{env.schema}.linez")
     env.config_path.write_text(text)
-    with pytest.raises(FatalCaptureError, match=rf'table {env.schema}.linez does not exist in database "shop"'):
+    with pytest.raises(FatalError, match=rf'table {env.schema}.linez does not exist in database "shop"'):
         env.run_until_caught_up()
 
 
 def test_missing_publication_privileges(env: CaptureEnv) -> None:
     other = f"pub_missing_{uuid.uuid4().hex[:6]}"
     env.config_path.write_text(env.config_path.read_text().replace(env.publication, other))
-    with pytest.raises(FatalCaptureError) as info:
+    with pytest.raises(FatalError) as info:
         env.run_until_caught_up()
     message = str(info.value)
     assert f"role cdc_capture may not create or change publication {other}" in message
-    assert f'as the tables\' owner run: CREATE PUBLICATION "{other}" FOR TABLE' in message
+    assert "as a superuser, or as the role that owns the table(s) (shop_app), run: " in message
+    statement = message.split(", run: ")[1]
+    assert statement.startswith(f'CREATE PUBLICATION "{other}" FOR TABLE')
+    with env.app() as app:  # the tables' owner can run it
+        app.execute(statement.encode())
+    env.run_until_caught_up()
+    with env.admin() as admin:
+        admin.execute(f'DROP PUBLICATION "{other}"'.encode())
+
+
+def test_adding_a_table_names_who_may_alter_the_publication(env: CaptureEnv) -> None:
+    """The publication belongs to an admin role (as in the demo); its tables to the app:
+    the advice must name a role that can run the statement, and the statement must work."""
+    with env.admin() as admin:
+        admin.execute(f"CREATE TABLE {env.schema}.extra (id int PRIMARY KEY)".encode())
+        admin.execute(f"ALTER TABLE {env.schema}.extra OWNER TO shop_app".encode())
+        admin.execute(f"GRANT SELECT ON {env.schema}.extra TO cdc_capture".encode())
+        admin.execute(f'ALTER PUBLICATION "{env.publication}" OWNER TO cdc_admin'.encode())
+    env.config_path.write_text(env.config_path.read_text() + f"  - name: cap.{env.schema}.extra\n")
+    with pytest.raises(FatalError) as info:
+        env.run_until_caught_up()
+    message = str(info.value)
+    assert "owns both publication (now cdc_admin) and the table(s) (shop_app)" in message
+    statement = message.split(", run: ")[1]
+    assert statement == f'ALTER PUBLICATION "{env.publication}" ADD TABLE "{env.schema}"."extra"'
+    with env.admin() as admin:  # a superuser, as the message says
+        admin.execute(statement.encode())
+    env.run_until_caught_up()
 
 
 def test_invalidated_slot_stops_with_source_position_lost(env: CaptureEnv) -> None:

@@ -11,9 +11,9 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from cdc_platform.demo.workload import app_connect, run_workload
-from cdc_platform.devstack import StackProfile, stack_status, stack_up
-from cdc_platform.devstack.postgres import CAPTURE_ROLE
+from cdc_platform.devtools.demo.workload import app_connect, run_workload
+from cdc_platform.devtools.stack import StackProfile, stack_status, stack_up
+from cdc_platform.devtools.stack.postgres import CAPTURE_ROLE
 
 pytestmark = pytest.mark.integration
 

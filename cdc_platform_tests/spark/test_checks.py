@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from cdc_platform.spark.changelog import materialize_window
-from cdc_platform.spark.checks import check_completeness, check_schema, pandera_errors, schema_history
-from cdc_platform.spark.current import POSITION_COLUMNS, apply_changes, current_path
-from cdc_platform.spark.snapshot import take_snapshot
+from cdc_platform.devtools.lake import Lake
+from cdc_platform.lake.checks import CompletenessInputs, CompletenessReport, check_completeness, pandera_errors
+from cdc_platform.lake.current import CurrentResult
+from cdc_platform.lake.schema_registry import evaluate_schema
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 
 pytestmark = pytest.mark.integration
@@ -38,33 +38,34 @@ def _settle(env: CaptureEnv) -> datetime:
     return _now()
 
 
-def test_added_nullable_column_flows_through(env: CaptureEnv, spark: Any, tmp_path: Path) -> None:
-    config = env.config
-    table = config.table(f"cap.{env.schema}.items")
+def test_added_nullable_column_flows_through(env: CaptureEnv, spark: Any) -> None:
+    lake = Lake(env.config, spark)
+    key = f"cap.{env.schema}.items"
+    table = lake.table(key).config
     with env.app() as app:
         app.execute("INSERT INTO items SELECT g, 'b' || g FROM generate_series(1, 20) g")
     t0 = _settle(env) - timedelta(seconds=1)
-    take_snapshot(spark, config, table, "g1")
-    first = check_schema(spark, config, table, "g1", new_baseline=True)
-    assert first.passed and first.version == 1 and first.registered
-    apply_changes(spark, config, table)
+    lake.snapshot(key, "g1")  # registers its schema as the baseline
+    assert [h.version for h in lake.ledger.schema_history(key)] == [1]
+    lake.current(key)
 
     with env.app() as app:
         app.execute("ALTER TABLE items ADD COLUMN note text")
         app.execute("INSERT INTO items VALUES (100, 'new', 'with a note')")
         app.execute("UPDATE items SET note = 'noted' WHERE id = 1")
     t1 = _settle(env)
-    materialize_window(spark, config, table, t0, t1)
-    report = check_schema(spark, config, table, "g1", new_baseline=False)
-    assert report.passed and report.version == 2 and report.change is not None
-    assert report.change.added == ("note",)
-    assert [h["change"] for h in schema_history(spark, config, table)] == ["baseline of generation g1", "added note"]
-    apply_changes(spark, config, table)
+    # the records carry a column the registered schema lacks: the source is asked, the
+    # compatible change registered, and the window decoded with it
+    assert lake.window(key, t0, t1).schema_registered
+    assert [h.change for h in lake.ledger.schema_history(key)] == ["baseline of generation g1", "added note"]
+    _, observed = lake.source(key).describe(table)
+    report = evaluate_schema(lake.ledger, key, table.compatibility, "g1", observed)
+    assert report.passed and report.version == 2 and not report.registered  # nothing new since
+    lake.current(key)
 
-    current = spark.read.format("delta").load(current_path(config, table)).drop(*POSITION_COLUMNS)
+    current = lake.read_current(key)
     assert {r["id"]: r["note"] for r in current.where("note IS NOT NULL").collect()} == {100: "with a note", 1: "noted"}
-    verify = config.model_copy(update={"lake": config.lake.model_copy(update={"root": str(tmp_path / "v")})})
-    truth = spark.read.format("delta").load(take_snapshot(spark, verify, table, "truth").path)
+    truth = lake.truth(key)
     assert (truth.exceptAll(current).count(), current.exceptAll(truth).count()) == (0, 0)
     # pandera, generated from the table's schema: body is NOT NULL in the source
     assert pandera_errors(current, {"body": False, "note": True}, ["id"]) == []
@@ -72,11 +73,18 @@ def test_added_nullable_column_flows_through(env: CaptureEnv, spark: Any, tmp_pa
     assert any(e.startswith("body") for e in pandera_errors(broken, {"body": False, "note": True}, ["id"]))
 
 
+def _completeness(lake: Lake, key: str, result: CurrentResult, frame: Any) -> CompletenessReport:
+    committed = lake.ledger.committed(key)
+    assert committed is not None
+    inputs = CompletenessInputs(frame, committed, result.frontier, result.applied_position)
+    return check_completeness(lake.spark, lake.ledger, lake.source(key), lake.kafka, lake.table(key), inputs)
+
+
 def test_completeness_finds_holes_and_lost_rows(env: CaptureEnv, spark: Any) -> None:
-    config = env.config
-    table = config.table(f"cap.{env.schema}.items")
+    lake = Lake(env.config, spark)
+    key = f"cap.{env.schema}.items"
     env.run_until_caught_up()
-    take_snapshot(spark, config, table, "g1")
+    lake.snapshot(key, "g1")
     edges = [_now() - timedelta(seconds=1)]
     for batch in range(3):  # three windows, each with its own changes
         with env.app() as app:
@@ -85,24 +93,22 @@ def test_completeness_finds_holes_and_lost_rows(env: CaptureEnv, spark: Any) -> 
             )
         edges.append(_settle(env))
     for i in (0, 2):  # the middle window is not materialized: a hole
-        materialize_window(spark, config, table, edges[i], edges[i + 1])
-    result = apply_changes(spark, config, table)
-    frame = spark.read.format("delta").load(current_path(config, table)).drop(*POSITION_COLUMNS)
+        lake.window(key, edges[i], edges[i + 1])
+    result = lake.current(key)
     with env.running_capture():
-        report = check_completeness(spark, config, table, frame, result.frontier, result.applied_commit_lsn)
+        report = _completeness(lake, key, result, lake.read_current(key))
     assert not report.passed and report.holes and report.offsets_missing == 10
     assert not report.compared  # current is behind Kafka: no exact comparison possible
 
-    materialize_window(spark, config, table, edges[1], edges[2])
-    result = apply_changes(spark, config, table)
-    frame = spark.read.format("delta").load(current_path(config, table)).drop(*POSITION_COLUMNS)
+    lake.window(key, edges[1], edges[2])
+    result = lake.current(key)
+    frame = lake.read_current(key)
     with env.running_capture():
-        report = check_completeness(spark, config, table, frame, result.frontier, result.applied_commit_lsn)
+        report = _completeness(lake, key, result, frame)
         assert report.passed and report.compared, report.compare_note
         assert (report.source_rows, report.current_rows) == (30, 30)
         # a row lost from current is found and named
-        lossy = frame.where("id <> 7")
-        report = check_completeness(spark, config, table, lossy, result.frontier, result.applied_commit_lsn)
+        report = _completeness(lake, key, result, frame.where("id <> 7"))
     assert not report.passed and report.compared and report.missing == 1 and report.extra == 0
     assert report.sample == ['missing {"id": 7}']
 
@@ -110,16 +116,16 @@ def test_completeness_finds_holes_and_lost_rows(env: CaptureEnv, spark: Any) -> 
 def test_keys_check_finds_foreign_kafka_keys(env: CaptureEnv, spark: Any) -> None:
     from confluent_kafka import Producer
 
-    from cdc_platform.spark.checks import check_keys, recent_changelog
+    from cdc_platform.lake.checks import check_keys, recent_changelog
 
-    config = env.config
-    table = config.table(f"cap.{env.schema}.items")
+    lake = Lake(env.config, spark)
+    key = f"cap.{env.schema}.items"
     env.run_until_caught_up()  # the slot exists before the changes
     t0 = _now() - timedelta(seconds=1)
     with env.app() as app:
         app.execute("INSERT INTO items SELECT g, 'k' || g FROM generate_series(1, 10) g")
     env.run_until_caught_up()
-    take_snapshot(spark, config, table, "g1")
+    lake.snapshot(key, "g1")
     [original] = [m for m in env.consume(["items"]) if m.value and m.envelope["after"]["id"] == 5]
     # another producer keys the same row differently (an extra field): not the primary key,
     # and not the same bytes as capture's key for that row
@@ -127,10 +133,10 @@ def test_keys_check_finds_foreign_kafka_keys(env: CaptureEnv, spark: Any) -> Non
     producer.produce(env.topic("items"), original.value, key=b'{"id": 5, "tenant": 1}', partition=original.partition)
     assert producer.flush(10) == 0
     time.sleep(1.1)
-    materialize_window(spark, config, table, t0, _now())
-    apply_changes(spark, config, table)
-    current = spark.read.format("delta").load(current_path(config, table))
-    report = check_keys(spark, current, recent_changelog(spark, config, table), ["id"])
+    lake.window(key, t0, _now())
+    lake.current(key)
+    current = spark.read.format("delta").load(lake.table(key).current_path)
+    report = check_keys(current, recent_changelog(spark, lake.ledger, lake.table(key)), ["id"])
     assert (report.null_keys, report.duplicate_keys) == (0, 0)
     assert report.kafka_events_checked == 11
     assert (report.kafka_key_mismatches, report.kafka_unstable_rows) == (1, 1)

@@ -15,10 +15,8 @@ from typing import Any
 
 import pytest
 
-from cdc_platform.spark.changelog import changelog_path, materialize_window
-from cdc_platform.spark.current import apply_changes, current_path, history_path
-from cdc_platform.spark.history import HISTORY_META_COLUMNS, apply_history
-from cdc_platform.spark.snapshot import take_snapshot
+from cdc_platform.devtools.lake import Lake
+from cdc_platform.lake.history import HISTORY_META_COLUMNS, apply_history
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 
 pytestmark = pytest.mark.integration
@@ -41,30 +39,30 @@ class Windows:
     def __init__(self) -> None:
         self.start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
 
-    def materialize(self, env: CaptureEnv, spark: Any, tables: list[Any]) -> None:
+    def materialize(self, env: CaptureEnv, lake: Lake, keys: list[str]) -> None:
         env.run_until_caught_up()
         time.sleep(1.1)
         end = datetime.now(UTC).replace(microsecond=0)
-        for table in tables:
-            materialize_window(spark, env.config, table, self.start, end)
+        for key in keys:
+            lake.window(key, self.start, end)
         self.start = end
 
 
-def _versions(spark: Any, config: Any, table: Any) -> dict[int, list[dict[str, Any]]]:
-    rows = spark.read.format("delta").load(history_path(config, table)).collect()
+def _versions(spark: Any, lake: Lake, key: str) -> dict[int, list[dict[str, Any]]]:
+    rows = spark.read.format("delta").load(lake.table(key).history_path).collect()
     out: dict[int, list[dict[str, Any]]] = {}
     for row in sorted(rows, key=lambda r: (r["_cdc_commit_lsn"], r["_cdc_lsn"])):
         out.setdefault(row["id"], []).append(row.asDict())
     return out
 
 
-def _assert_consistent(spark: Any, config: Any, table: Any) -> None:
+def _assert_consistent(spark: Any, lake: Lake, table: str) -> None:
     """Open versions are exactly current; each key's versions chain without gaps."""
-    history = spark.read.format("delta").load(history_path(config, table))
-    current = spark.read.format("delta").load(current_path(config, table)).drop("_cdc_commit_lsn", "_cdc_lsn")
+    history = spark.read.format("delta").load(lake.table(table).history_path)
+    current = lake.read_current(table)
     open_rows = history.where("is_current").drop(*HISTORY_META_COLUMNS)
     assert (open_rows.exceptAll(current).count(), current.exceptAll(open_rows).count()) == (0, 0)
-    for key, versions in _versions(spark, config, table).items():
+    for key, versions in _versions(spark, lake, table).items():
         assert sum(v["is_current"] for v in versions) <= 1, key
         for older, newer in itertools.pairwise(versions):
             assert not older["is_current"], key
@@ -80,16 +78,16 @@ def test_history_versions_follow_every_change(env: CaptureEnv, spark: Any) -> No
     for t in ("items", "docs"):
         env.configure_table(t, "changelog: {grace_s: 0}")
         env.configure_table(t, "history: true")
-    config = env.config
-    items, docs = (config.table(f"cap.{env.schema}.{t}") for t in ("items", "docs"))
+    lake = Lake(env.config, spark)
+    items, docs = (f"cap.{env.schema}.{t}" for t in ("items", "docs"))
     big = "".join(random.Random(7).choices(string.ascii_letters, k=20_000))
     with env.app() as app:
         app.execute("INSERT INTO items VALUES (1, 'b1', 0), (2, 'b2', 0), (3, 'b3', 0)")
     env.run_until_caught_up()
     windows = Windows()
-    for table in (items, docs):
-        take_snapshot(spark, config, table, "g1")
-        first = apply_changes(spark, config, table)
+    for key in (items, docs):
+        lake.snapshot(key, "g1")
+        first = lake.current(key)
         assert first.history is not None
     assert first.history is not None and first.history.versions_opened == 0  # docs: empty snapshot
 
@@ -104,13 +102,13 @@ def test_history_versions_follow_every_change(env: CaptureEnv, spark: Any) -> No
             app.execute("UPDATE items SET body = 'y' WHERE id = 3")
         app.execute("INSERT INTO docs VALUES (1, %s, 0)", (big,))
         app.execute("UPDATE docs SET n = 1 WHERE id = 1")  # big is not resent (unchanged TOAST)
-    windows.materialize(env, spark, [items, docs])
-    result = apply_changes(spark, config, items)
+    windows.materialize(env, lake, [items, docs])
+    result = lake.current(items)
     assert result.history is not None
     assert (result.history.versions_opened, result.history.versions_closed) == (6, 6)
-    apply_changes(spark, config, docs)
+    lake.current(docs)
 
-    versions = _versions(spark, config, items)
+    versions = _versions(spark, lake, items)
     assert [(v["body"], v["qty"], v["_cdc_op"], v["is_current"]) for v in versions[1]] == [
         ("b1", 0, "r", False),
         ("a2", 0, "u", False),
@@ -121,17 +119,19 @@ def test_history_versions_follow_every_change(env: CaptureEnv, spark: Any) -> No
     assert versions[3][1]["valid_from"] == versions[3][1]["valid_to"]  # same transaction, same commit time
     assert [(v["body"], v["is_current"]) for v in versions[4]] == [("b4", False)]
     assert [(v["body"], v["is_current"]) for v in versions[5]] == [("b4", True)]
-    assert [(v["big"], v["n"]) for v in _versions(spark, config, docs)[1]] == [(big, 0), (big, 1)]
-    _assert_consistent(spark, config, items)
-    _assert_consistent(spark, config, docs)
+    assert [(v["big"], v["n"]) for v in _versions(spark, lake, docs)[1]] == [(big, 0), (big, 1)]
+    _assert_consistent(spark, lake, items)
+    _assert_consistent(spark, lake, docs)
 
     # at-least-once: the same events again add nothing
-    before = spark.read.format("delta").load(history_path(config, items)).count()
-    again = spark.read.format("delta").load(changelog_path(config, items)).where("op IS NOT NULL")
-    columns = [c for c in spark.read.format("delta").load(current_path(config, items)).columns if not c.startswith("_")]
-    duplicate = apply_history(spark, history_path(config, items), again, ["id"], columns)
+    before = spark.read.format("delta").load(lake.table(items).history_path).count()
+    again = spark.read.format("delta").load(lake.table(items).changelog_path).where("op IS NOT NULL")
+    columns = [
+        c for c in spark.read.format("delta").load(lake.table(items).current_path).columns if not c.startswith("_")
+    ]
+    duplicate = apply_history(spark, lake.table(items).history_path, again, ["id"], columns)
     assert (duplicate.versions_opened, duplicate.versions_closed) == (0, 0)
-    assert spark.read.format("delta").load(history_path(config, items)).count() == before
+    assert spark.read.format("delta").load(lake.table(items).history_path).count() == before
 
     # a new generation keeps history: unchanged rows add nothing, changes the changelog has
     # not delivered yet are reconciled from the snapshot (vanished rows closed)
@@ -139,26 +139,26 @@ def test_history_versions_follow_every_change(env: CaptureEnv, spark: Any) -> No
         app.execute("DELETE FROM items WHERE id = 3")
         app.execute("UPDATE items SET body = 'g3' WHERE id = 1")
     env.run_until_caught_up()
-    take_snapshot(spark, config, items, "g2")
-    rebuilt = apply_changes(spark, config, items)
+    lake.snapshot(items, "g2")
+    rebuilt = lake.current(items)
     assert rebuilt.rebuilt and rebuilt.history is not None
     assert (rebuilt.history.versions_opened, rebuilt.history.versions_closed) == (1, 2)
-    versions = _versions(spark, config, items)
+    versions = _versions(spark, lake, items)
     assert [(v["body"], v["_cdc_op"], v["is_current"]) for v in versions[1]][-2:] == [
         ("a2", "u", False),
         ("g3", "r", True),
     ]
     assert not any(v["is_current"] for v in versions[3])
-    _assert_consistent(spark, config, items)
+    _assert_consistent(spark, lake, items)
 
     # truncate closes every open version; later rows open new ones
     with env.app() as app:
         app.execute("TRUNCATE items")
         app.execute("INSERT INTO items VALUES (9, 'after', 0)")
-    windows.materialize(env, spark, [items])
-    after = apply_changes(spark, config, items)
+    windows.materialize(env, lake, [items])
+    after = lake.current(items)
     assert after.history is not None and after.history.versions_opened == 1
     assert [
-        r["id"] for r in spark.read.format("delta").load(history_path(config, items)).where("is_current").collect()
+        r["id"] for r in spark.read.format("delta").load(lake.table(items).history_path).where("is_current").collect()
     ] == [9]
-    _assert_consistent(spark, config, items)
+    _assert_consistent(spark, lake, items)

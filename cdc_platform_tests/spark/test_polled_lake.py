@@ -13,13 +13,11 @@ from typing import Any
 
 import pytest
 
-from cdc_platform.capture.jdbc import PollOptions
-from cdc_platform.devstack import StackProfile
-from cdc_platform.spark.changelog import materialize_window
-from cdc_platform.spark.checks import check_completeness
-from cdc_platform.spark.current import apply_changes, current_path
-from cdc_platform.spark.snapshot import take_snapshot
-from cdc_platform.spark.verify import verify_table
+from cdc_platform.devtools.lake import Lake
+from cdc_platform.devtools.stack import StackProfile
+from cdc_platform.lake.checks import CompletenessInputs, CompletenessReport, check_completeness
+from cdc_platform.lake.current import CurrentResult
+from cdc_platform.lake.verify import VerifyContext, verify_table
 from cdc_platform_tests.cases.mysql_types import MYSQL_TYPE_CASES, type_cases_ddl
 from cdc_platform_tests.integration.polling_env import PollingEnv, make_polling_env
 
@@ -39,17 +37,23 @@ def env(stack: StackProfile, tmp_path: Path) -> Iterator[PollingEnv]:
     yield from make_polling_env(stack, tmp_path, [ACCOUNTS_DDL, type_cases_ddl()])
 
 
-def _window(env: PollingEnv, spark: Any, table: Any, start: datetime) -> datetime:
+def _window(env: PollingEnv, lake: Lake, key: str, start: datetime) -> datetime:
     env.poll()
     time.sleep(1.1)
     end = datetime.now(UTC).replace(microsecond=0)
-    materialize_window(spark, env.config, table, start, end)
+    lake.window(key, start, end)
     return end
 
 
-def _lake(spark: Any, path: str) -> dict[int, dict[str, Any]]:
-    frame = spark.read.format("delta").load(path).drop("_cdc_commit_lsn", "_cdc_lsn")
-    return {r["id"]: r.asDict() for r in frame.collect()}
+def _lake(lake: Lake, key: str) -> dict[int, dict[str, Any]]:
+    return {r["id"]: r.asDict() for r in lake.read_current(key).collect()}
+
+
+def _completeness(lake: Lake, key: str, result: CurrentResult) -> CompletenessReport:
+    committed = lake.ledger.committed(key)
+    assert committed is not None
+    inputs = CompletenessInputs(lake.read_current(key), committed, result.frontier, result.applied_position)
+    return check_completeness(lake.spark, lake.ledger, lake.source(key), lake.kafka, lake.table(key), inputs)
 
 
 def _source(env: PollingEnv, where: str = "deleted_at IS NULL") -> dict[int, tuple[str, str, bool]]:
@@ -64,21 +68,21 @@ def _as_source(rows: dict[int, dict[str, Any]]) -> dict[int, tuple[str, str, boo
 
 def test_every_mariadb_type_lands_the_same_through_snapshot_and_polling(env: PollingEnv, spark: Any) -> None:
     env.write_config(f"  - name: crm.{env.database}.type_cases\n    poll: {POLL}}}\n    changelog: {{grace_s: 0}}\n")
-    config = env.config
-    table = config.table(f"crm.{env.database}.type_cases")
-    take_snapshot(spark, config, table, "g1")  # empty: every row arrives through polling
+    lake = Lake(env.config, spark)
+    key = f"crm.{env.database}.type_cases"
+    lake.snapshot(key, "g1")  # empty: every row arrives through polling
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
     with env.db() as db:
         for name, _, literal, *_ in MYSQL_TYPE_CASES:
             db.execute(f"INSERT INTO type_cases (case_name, {name}) VALUES ('{name}', {literal})")
-    _window(env, spark, table, start)
-    applied = apply_changes(spark, config, table)
+    _window(env, lake, key, start)
+    applied = lake.current(key)
     assert applied.changes_applied == len(MYSQL_TYPE_CASES)
     expected = {name: value for name, _, _, value, _ in MYSQL_TYPE_CASES}
-    current = spark.read.format("delta").load(current_path(config, table)).drop("_cdc_commit_lsn", "_cdc_lsn")
+    current = lake.read_current(key)
     assert {r["case_name"]: r[r["case_name"]] for r in current.collect()} == expected
     # and through a Spark JDBC snapshot: the same types, the same values, the same rows
-    snapshot = spark.read.format("delta").load(take_snapshot(spark, config, table, "g2").path)
+    snapshot = spark.read.format("delta").load(lake.snapshot(key, "g2").path)
     lake_types = {f.name: f.dataType.simpleString() for f in snapshot.schema.fields}
     assert {name: lake_types[name] for name, *_ in MYSQL_TYPE_CASES} == {n: t for n, *_, t in MYSQL_TYPE_CASES}
     assert {r["case_name"]: r[r["case_name"]] for r in snapshot.collect()} == expected
@@ -93,14 +97,14 @@ def test_hard_deletes_are_reported_and_a_reconciliation_generation_drops_them(en
         f"  - name: crm.{env.database}.accounts\n    poll: {POLL}, soft_delete_column: deleted_at, "
         "reconcile_every: 6h}\n    changelog: {grace_s: 0}\n"
     )
-    config = env.config
-    table = config.table(f"crm.{env.database}.accounts")
+    lake = Lake(env.config, spark)
+    key = f"crm.{env.database}.accounts"
     with env.db() as db:
         db.executemany(
             "INSERT INTO accounts (email, balance) VALUES (%s, %s)", [(f"a{i}@x.io", f"{i}.50") for i in range(40)]
         )
     env.poll()
-    take_snapshot(spark, config, table, "g1")
+    lake.snapshot(key, "g1")
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
     with env.db() as db:
         db.execute("UPDATE accounts SET balance = balance + 100 WHERE id % 5 = 0")
@@ -110,49 +114,78 @@ def test_hard_deletes_are_reported_and_a_reconciliation_generation_drops_them(en
         )
         db.execute("UPDATE accounts SET deleted_at = NOW(6) WHERE id IN (6, 7, 8)")  # soft deletes: seen
         db.execute("DELETE FROM accounts WHERE id IN (11, 12, 13, 41)")  # hard deletes: invisible to polling
-    start = _window(env, spark, table, start)
-    first = apply_changes(spark, config, table)
+    start = _window(env, lake, key, start)
+    first = lake.current(key)
     assert first.dropped_by_generation is None  # the first build has no earlier current to compare
-    current = _lake(spark, current_path(config, table))
+    current = _lake(lake, key)
     live = _source(env)
     hard_deleted = {11, 12, 13}  # 41 came and went between two polls: never seen at all
     assert _as_source(current) == live | {k: _as_source(current)[k] for k in hard_deleted}
     assert not {6, 7, 8} & set(current)  # soft deletes became deletes
     assert hard_deleted <= set(current) and 41 not in current  # polling cannot see hard deletes: they linger
-    frame = spark.read.format("delta").load(current_path(config, table)).drop("_cdc_commit_lsn", "_cdc_lsn")
-    report = check_completeness(spark, config, table, frame, first.frontier, first.applied_commit_lsn)
+    report = _completeness(lake, key, first)
     assert report.deleted_in_source == 3
     assert report.passed  # the changelog itself is complete; the lingering rows are a warning
     assert any('"id": 11' in s for s in report.sample)
     # the reconciliation generation: current rebuilds from it and equals the source
-    take_snapshot(spark, config, table, "g2")
-    rebuilt = apply_changes(spark, config, table)
+    lake.snapshot(key, "g2")
+    rebuilt = lake.current(key)
     assert rebuilt.rebuilt and rebuilt.dropped_by_generation == 3
-    assert _as_source(_lake(spark, current_path(config, table))) == _source(env)
+    assert _as_source(_lake(lake, key)) == _source(env)
     # changes after the new watermark still flow
     with env.db() as db:
         db.execute("UPDATE accounts SET balance = 7.77 WHERE id = 1")
         db.execute("UPDATE accounts SET deleted_at = NOW(6) WHERE id = 9")
-    _window(env, spark, table, start)
-    later = apply_changes(spark, config, table)
+    _window(env, lake, key, start)
+    later = lake.current(key)
     assert later.changes_applied >= 2
-    assert _as_source(_lake(spark, current_path(config, table))) == _source(env)
-    frame = spark.read.format("delta").load(current_path(config, table)).drop("_cdc_commit_lsn", "_cdc_lsn")
-    assert (
-        check_completeness(spark, config, table, frame, later.frontier, later.applied_commit_lsn).deleted_in_source == 0
-    )
+    assert _as_source(_lake(lake, key)) == _source(env)
+    assert _completeness(lake, key, later).deleted_in_source == 0
     # verify waits for a poll that began after it, then compares row by row; a hard
     # delete shows as a row only current has
     with env.db() as db:
         db.execute("DELETE FROM accounts WHERE id = 14")
-    poller = env.poller()
-    poller.options = PollOptions(give_up_after_s=60)
+    poller = env.poller(until_caught_up=False)
     running = threading.Thread(target=poller.run, daemon=True)
     running.start()
     try:
-        verdict = verify_table(spark, config, table, timeout_s=60, rounds=1)
+        ctx = VerifyContext(spark, lake.ledger, lake.source(key), lake.kafka)
+        verdict = verify_table(ctx, lake.table(key), timeout_s=60, rounds=1)
     finally:
         poller.stop()
         running.join(30)
     assert (verdict.note, verdict.missing, verdict.mismatches, verdict.extra) == ("", 0, 0, 1)
     assert verdict.sample == ['extra {"id": 14}']
+
+
+def test_a_rejected_generation_is_never_used(env: PollingEnv, spark: Any) -> None:
+    """Bug 5: a generation that fails its validation (a configured key that is not unique)
+    is recorded as failed and current keeps using the last committed one."""
+    from cdc_platform.model.errors import GenerationRejectedError, NoGenerationError
+    from cdc_platform.model.generations import GenerationStatus
+
+    with env.db() as db:
+        db.execute("CREATE TABLE dup (id INT NOT NULL, v INT, ts DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))")
+        db.execute("INSERT INTO dup (id, v) VALUES (1, 1), (2, 2)")
+    poll = "    poll: {mode: timestamp, timestamp_column: ts}\n"
+    env.write_config(f"  - name: crm.{env.database}.dup\n    primary_key: [id]\n{poll}")
+    lake = Lake(env.config, spark)
+    key = f"crm.{env.database}.dup"
+    with env.db() as db:
+        db.execute("INSERT INTO dup (id, v) VALUES (1, 9)")  # the key is not unique any more
+    with pytest.raises(GenerationRejectedError, match="not unique in the source"):
+        lake.snapshot(key, "g1")
+    assert lake.ledger.generations(key)["g1"].status is GenerationStatus.FAILED
+    with pytest.raises(NoGenerationError):
+        lake.current(key)  # nothing committed: current is not built from the rejected generation
+    with env.db() as db:
+        db.execute("DELETE FROM dup WHERE v = 9")
+    lake.snapshot(key, "g2")
+    assert lake.current(key).generation == "g2"
+    with env.db() as db:
+        db.execute("INSERT INTO dup (id, v) VALUES (2, 9)")
+    with pytest.raises(GenerationRejectedError):
+        lake.snapshot(key, "g3")
+    rebuilt = lake.current(key)
+    assert rebuilt.generation == "g2" and not rebuilt.rebuilt  # the rejected g3 is never used
+    assert sorted((r["id"], r["v"]) for r in lake.read_current(key).collect()) == [(1, 1), (2, 2)]

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from cdc_platform.config.model import SparkConfig
-from cdc_platform.spark.session import extra_jars, get_spark_session, session_conf
+from cdc_platform.lake.session import get_spark_session, jar_settings, session_conf
 
 
 def test_extra_jars_bring_delta_and_jdbc_but_not_sparks_own() -> None:
-    names = [Path(j).name for j in extra_jars()]
+    names = [Path(j).name for j in jar_settings(SparkConfig())["spark.jars"].split(",")]
     assert any(n.startswith("delta-spark_4.2_2.13-") for n in names)
     assert any(n.startswith("postgresql-") for n in names)
     assert not any(n.startswith(("hadoop-client-api", "scala-library", "parquet-hadoop")) for n in names)

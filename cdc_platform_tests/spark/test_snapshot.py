@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from cdc_platform.spark import snapshot as snapshot_module
-from cdc_platform.spark.snapshot import take_snapshot
+from cdc_platform.devtools.lake import Lake
+from cdc_platform.lake import snapshot as snapshot_module
+from cdc_platform.sources.postgres import snapshot as pg_snapshot_module
 from cdc_platform_tests.cases.pg_types import TYPE_CASES, type_cases_ddl
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 
@@ -31,7 +32,7 @@ def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
 
 
 def _lake_expected(value: Any, sqltype: str, as_text: str) -> Any:
-    """What the lake must hold for a PostgreSQL value (see cdc_platform/spark/lake_types.py)."""
+    """What the lake must hold for a PostgreSQL value (see cdc_platform/lake/lake_types.py)."""
     if sqltype in ("numeric", "interval", "time", "uuid", "json", "jsonb", "cap_mood", "inet", "uuid[]"):
         return as_text if not sqltype.endswith("[]") else [str(v) for v in value]
     if sqltype == "time with time zone":
@@ -49,8 +50,7 @@ def test_every_type_case_lands_exactly(env: CaptureEnv, spark: Any) -> None:
     with env.app() as app:
         for name, _, literal in TYPE_CASES:
             app.execute(f"INSERT INTO type_cases (case_name, {name}) VALUES ('{name}', {literal})".encode())
-    table = env.config.table(f"cap.{env.schema}.type_cases")
-    result = take_snapshot(spark, env.config, table, "g1")
+    result = Lake(env.config, spark).snapshot(f"cap.{env.schema}.type_cases", "g1")
     assert result.rows == result.source_rows == len(TYPE_CASES)
     lake = {r["case_name"]: r.asDict() for r in spark.read.format("delta").load(result.path).collect()}
     problems = []
@@ -75,7 +75,7 @@ def test_parallel_snapshot_is_one_consistent_state(
     with env.app() as app:
         app.execute("INSERT INTO events (n) SELECT g FROM generate_series(1, 3000) g")
         app.execute("INSERT INTO counters SELECT g, 0 FROM generate_series(1, 3000) g")
-    monkeypatch.setattr(snapshot_module, "ROWS_PER_PARTITION", 500)  # force several partitions
+    monkeypatch.setattr(pg_snapshot_module, "ROWS_PER_PARTITION", 500)  # force several partitions
     monkeypatch.setattr(snapshot_module, "PROGRESS_INTERVAL_S", 0.05)
     progress: list[str] = []
 
@@ -94,10 +94,13 @@ def test_parallel_snapshot_is_one_consistent_state(
     thread.start()
     try:
         time.sleep(0.3)
-        uuid_result = take_snapshot(
-            spark, env.config, env.config.table(f"cap.{env.schema}.events"), "g1", log_progress=progress.append
+        lake = Lake(env.config, spark)
+        events = lake.table(f"cap.{env.schema}.events")
+        request = snapshot_module.GenerationRequest("g1", reason="test")
+        uuid_result = snapshot_module.take_generation(
+            spark, lake.ledger, lake.source(events.key), lake.kafka, events, request, progress.append
         )
-        counters_result = take_snapshot(spark, env.config, env.config.table(f"cap.{env.schema}.counters"), "g1")
+        counters_result = lake.snapshot(f"cap.{env.schema}.counters", "g1")
     finally:
         stop.set()
         thread.join()
@@ -109,5 +112,5 @@ def test_parallel_snapshot_is_one_consistent_state(
     # one transaction updates every row: a consistent snapshot sees one value across all partitions
     assert counters.select("n").distinct().count() == 1
     assert counters.count() == 3000
-    assert counters_result.watermark.lsn > 0
+    assert counters_result.watermark.position > 0
     assert set(uuid_result.watermark.kafka_end_offsets) <= {0, 1, 2}

@@ -13,10 +13,8 @@ from typing import Any
 import pytest
 
 from cdc_platform.cli import main
-from cdc_platform.spark.changelog import materialize_window
-from cdc_platform.spark.current import apply_changes, current_path
-from cdc_platform.spark.snapshot import take_snapshot
-from cdc_platform.spark.verify import verify_table
+from cdc_platform.devtools.lake import Lake
+from cdc_platform.lake.verify import VerifyContext, verify_table
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 
 pytestmark = pytest.mark.integration
@@ -42,30 +40,33 @@ def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
 
 def test_verify_on_quoted_identifiers(env: CaptureEnv, spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
     config = env.config
-    table = config.table(f'cap.{env.schema}."Order Items"')
+    lake = Lake(config, spark)
+    key = f'cap.{env.schema}."Order Items"'
+    table = config.table(key)
     assert table.table_name == "Order Items" and config.topic_for(table).endswith(".Order_Items")
     env.run_until_caught_up()
     t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
     with env.app() as app:
         app.execute("INSERT INTO \"Order Items\" SELECT g / 3, g % 3, g * 1.5, 'n' || g FROM generate_series(1, 60) g")
     env.run_until_caught_up()
-    take_snapshot(spark, config, table, "g1")
+    lake.snapshot(key, "g1")
     with env.app() as app:
         app.execute('UPDATE "Order Items" SET "Note" = \'changed\' WHERE "Line" = 1')
         app.execute('DELETE FROM "Order Items" WHERE "Order Id" = 2')
         app.execute('UPDATE "Order Items" SET "Order Id" = 100 WHERE "Order Id" = 3')  # key change
     env.run_until_caught_up()
     time.sleep(1.1)
-    materialize_window(spark, config, table, t0, datetime.now(UTC).replace(microsecond=0))
-    apply_changes(spark, config, table)
+    lake.window(key, t0, datetime.now(UTC).replace(microsecond=0))
+    lake.current(key)
+    ctx = VerifyContext(spark, lake.ledger, lake.source(key), lake.kafka)
 
     with env.running_capture():  # verify waits for capture to confirm the position it read
-        verdict = verify_table(spark, config, table, timeout_s=60)
+        verdict = verify_table(ctx, lake.table(key), timeout_s=60)
         assert verdict.ok, (verdict.note, verdict.sample)
         assert verdict.source_rows == verdict.current_rows == 57
 
         # a lost row, a wrong value and a ghost row are each found and named
-        path = current_path(config, table)
+        path = lake.table(key).current_path
         current = spark.read.format("delta").load(path)
         from pyspark.sql import functions as F
 
@@ -76,7 +77,7 @@ def test_verify_on_quoted_identifiers(env: CaptureEnv, spark: Any, capsys: pytes
         )
         ghost = current.where((F.col("Order Id") == 7) & (F.col("Line") == 0)).withColumn("Order Id", F.lit(999))
         tampered.union(ghost).localCheckpoint().write.format("delta").mode("overwrite").save(path)
-        verdict = verify_table(spark, config, table, timeout_s=60, rounds=1)
+        verdict = verify_table(ctx, lake.table(key), timeout_s=60, rounds=1)
         assert (verdict.missing, verdict.mismatches, verdict.extra) == (3, 1, 1), verdict.sample
         assert 'missing {"Order Id": 5, "Line": 0}' in verdict.sample
         assert 'differs {"Order Id": 6, "Line": 0}' in verdict.sample

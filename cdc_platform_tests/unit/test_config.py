@@ -59,7 +59,6 @@ def test_valid_file_loads_with_defaults(tmp_path: Path) -> None:
     assert audit.changelog.cron_schedule() == "*/15 * * * *"
     assert audit.primary_key == ["event_id"]
     assert config.topic_for(customers) == "shop.public.customers"
-    assert config.slot_for("shop") == "cdc_shop"
     assert config.spark.master == "local[*]"
     # a relative lake root is relative to the config file, not the working directory
     assert config.lake.root == str((tmp_path / "lake").resolve())
@@ -70,7 +69,7 @@ def test_the_repos_demo_config_is_valid() -> None:
     assert {t.source for t in config.tables} == {"shop", "bench", "crm"}
     assert config.table("shop.public.audit_events").primary_key == ["event_id"]
     accounts = config.table("crm.crm.accounts")
-    assert config.is_polled(accounts) and not config.is_polled(config.table("shop.public.orders"))
+    assert config.table("shop.public.orders").poll is None
     assert accounts.poll is not None and accounts.poll.mode == "timestamp+incrementing"
 
 
@@ -194,18 +193,17 @@ def test_secrets_resolve_from_env_and_never_show_in_reprs(tmp_path: Path, monkey
         assert "kafka-secret-value" not in shown
     # the changelog's Spark source: TLS/SASL options travel in its options, the secret by
     # name only; each worker builds its consumer config with the secret from its environment
-    from cdc_platform.spark.changelog import source_options
-    from cdc_platform.spark.kafka_source import consumer_config
+    from cdc_platform.kafka.clients import worker_options
 
-    options = source_options(config, config.tables[0])
+    options = worker_options(config.kafka)
     assert "kafka-secret-value" not in json.dumps(options)
-    worker = consumer_config(options)
+    worker = json.loads(options["client_config"])
     assert (worker["security.protocol"], worker["sasl.mechanism"], worker["sasl.username"]) == (
         "SASL_SSL",
         "SCRAM-SHA-512",
         "u",
     )
-    assert worker["sasl.password"] == "kafka-secret-value"
+    assert json.loads(options["secret_options_env"]) == {"sasl.password": "TEST_KAFKA_PASSWORD"}
 
 
 def test_missing_secret_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,8 +11,6 @@ from decimal import Decimal
 import pytest
 from confluent_kafka import KafkaError
 
-from cdc_platform.capture.errors import FatalCaptureError, RetriableCaptureError
-from cdc_platform.capture.postgres import AckTracker, delivery_error
 from cdc_platform.envelope import pgoutput
 from cdc_platform.envelope.debezium import UNAVAILABLE, ColumnSpec, EnvelopeCodec, SourcePosition, TableShape
 from cdc_platform.envelope.lsn import format_lsn, parse_lsn
@@ -27,6 +25,8 @@ from cdc_platform.envelope.pgtypes import (
     parse_array,
     to_json_value,
 )
+from cdc_platform.model.errors import FatalError, RetriableError
+from cdc_platform.sources.postgres.stream import AckTracker, delivery_error
 
 # -- partitioner ---------------------------------------------------------------------------
 
@@ -308,12 +308,12 @@ def test_ack_tracker_never_skips_an_open_or_failed_transaction() -> None:
     tracker.sent(open_txn)
     tracker.commit(open_txn, 110)
     tracker.acked(open_txn, KafkaError(KafkaError.NOT_ENOUGH_REPLICAS))
-    with pytest.raises(RetriableCaptureError, match=r"was not acknowledged.*resuming from the confirmed position"):
+    with pytest.raises(RetriableError, match=r"was not acknowledged.*resuming from the confirmed position"):
         tracker.advance()
 
 
 def test_permanent_broker_rejections_are_fatal_with_the_fix() -> None:
     error = delivery_error(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), 7, 100)
-    assert isinstance(error, FatalCaptureError)
+    assert isinstance(error, FatalError)
     assert "max.message.bytes" in str(error) and "restarting after the fix loses nothing" in str(error)
-    assert isinstance(delivery_error(KafkaError(KafkaError._MSG_TIMED_OUT), 7, 100), RetriableCaptureError)
+    assert isinstance(delivery_error(KafkaError(KafkaError._MSG_TIMED_OUT), 7, 100), RetriableError)

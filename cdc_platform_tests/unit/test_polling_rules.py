@@ -3,12 +3,19 @@ conversion, soft-delete rule, poll config validation, the reconciliation decisio
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
 from pydantic import ValidationError
 
-from cdc_platform.capture.mysql_catalog import (
+from cdc_platform.config.model import CompatibilityMode, PlatformConfig, PollConfig
+from cdc_platform.envelope.pgtypes import ConversionOptions, builtin_type, to_json_value
+from cdc_platform.lake.lake_types import lake_type
+from cdc_platform.model.generations import Generation, GenerationStatus
+from cdc_platform.model.rehydration import Reason, reconciliation_due
+from cdc_platform.model.schemas import ColumnVersion, SchemaVersion, compare
+from cdc_platform.sources.mysql.catalog import (
     MappedColumn,
     json_valid_columns,
     live_row_sql,
@@ -17,11 +24,6 @@ from cdc_platform.capture.mysql_catalog import (
     schema_type_name,
     soft_deleted,
 )
-from cdc_platform.config.model import CompatibilityMode, PlatformConfig, PollConfig
-from cdc_platform.envelope.pgtypes import ConversionOptions, builtin_type, to_json_value
-from cdc_platform.rehydration import Reason, reconciliation_due
-from cdc_platform.schemas import ColumnVersion, SchemaVersion, compare
-from cdc_platform.spark.lake_types import lake_type
 
 # information_schema's DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE -> lake type
 MAPPING_CASES = [
@@ -126,7 +128,7 @@ def _config(table: dict[str, object], source_kind: str = "jdbc") -> dict[str, ob
 def test_jdbc_tables_need_a_poll_block_and_postgres_tables_refuse_one() -> None:
     poll = {"mode": "incrementing", "incrementing_column": "id"}
     config = PlatformConfig.model_validate(_config({"name": "crm.crm.accounts", "poll": poll}))
-    assert config.is_polled(config.tables[0])
+    assert config.tables[0].poll is not None
     with pytest.raises(ValidationError, match=r"needs a poll block, e\.g\. poll:"):
         PlatformConfig.model_validate(_config({"name": "crm.crm.accounts"}))
     with pytest.raises(ValidationError, match="captured by logical decoding; remove the poll block"):
@@ -138,10 +140,12 @@ def test_jdbc_tables_need_a_poll_block_and_postgres_tables_refuse_one() -> None:
 
 
 def test_reconciliation_is_due_once_per_generation_after_its_interval() -> None:
-    assert reconciliation_due("crm.crm.a", "g1", 1000.0, 3600.0, 1000.0 + 3599) is None
-    due = reconciliation_due("crm.crm.a", "g1", 1000.0, 3600.0, 1000.0 + 3601)
+    committed_at = datetime(2026, 1, 1, tzinfo=UTC)
+    g1 = Generation("crm.crm.a", "g1", GenerationStatus.COMMITTED, committed_at, committed_at)
+    assert reconciliation_due("crm.crm.a", g1, 3600.0, committed_at + timedelta(seconds=3599)) is None
+    due = reconciliation_due("crm.crm.a", g1, 3600.0, committed_at + timedelta(seconds=3601))
     assert due is not None and due.reason is Reason.RECONCILIATION and due.cause == "reconcile:g1"
-    assert reconciliation_due("crm.crm.a", "g1", 1000.0, None, 10**9) is None  # not configured
+    assert reconciliation_due("crm.crm.a", g1, None, committed_at + timedelta(days=999)) is None  # not configured
 
 
 def test_mariadb_schema_changes_are_judged_by_their_lake_types() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from cdc_platform.config.model import CompatibilityMode as Mode
-from cdc_platform.rehydration import Reason, changelog_gap, next_needed_offsets, signal_tables, slot_lost
-from cdc_platform.schemas import ColumnVersion, SchemaVersion, compare, widens
-from cdc_platform.sensors import failure_report
+from cdc_platform.model.rehydration import Reason, changelog_gap, signal_tables, slot_lost
+from cdc_platform.model.schemas import ColumnVersion, SchemaVersion, compare, widens
+from cdc_platform.orchestration.sensors.failures import failure_report
 
 
 def v(*columns: tuple[str, str, bool, bool], key: tuple[str, ...] = ("id",)) -> SchemaVersion:
@@ -74,12 +74,6 @@ def test_schema_version_round_trips_and_fingerprints() -> None:
     assert SchemaVersion.from_json(BASE.to_json()) == BASE
     assert SchemaVersion.from_json(BASE.to_json()).fingerprint() == BASE.fingerprint()
     assert v(("id", "bigint", False, False)).fingerprint() != v(("id", "integer", False, False)).fingerprint()
-
-
-def test_next_needed_moves_only_across_contiguous_ranges() -> None:
-    watermark = {0: 10, 1: 5}
-    ranges = [(0, 10, 20), (0, 20, 30), (0, 40, 50), (1, 0, 3)]  # partition 0: hole 30..40
-    assert next_needed_offsets(watermark, ranges) == {0: 30, 1: 5}
 
 
 def test_changelog_gap() -> None:

@@ -1,1 +1,0 @@
-"""Source connectors: PostgreSQL logical decoding (and, later, query-based polling)."""

@@ -1,0 +1,348 @@
+"""Current state: the latest committed generation, then every change after its watermark.
+
+Incremental: each run applies only the changelog offsets between current's frontier and
+the new one (per Kafka partition), so N new changes cost O(N) reads plus one MERGE. What
+current has applied (generation, frontier, source position) is in the ledger.
+
+* **Frontier.** Per Kafka partition, current has applied every offset below its frontier.
+  It starts at the generation's watermark offsets and moves only across contiguous
+  recorded changelog ranges (``model.coverage.walk``): windows materialized out of order
+  wait until the gap before them is filled, so no change is ever skipped.
+* **Order.** Within the batch, per key, events are ordered by (commit LSN, LSN, Kafka
+  partition, offset); the latest decides the row. Each row keeps its position
+  (``_cdc_commit_lsn``, ``_cdc_lsn``); an event at or before a row's position is ignored,
+  and deleted keys remember their position (``current_deletes``), so an at-least-once
+  duplicate never moves a row backwards or resurrects it.
+* **TOAST.** A column listed in ``unavailable`` keeps its value (from an earlier event of
+  the batch if there is one, else the row's current value).
+* **Truncate.** Rows older than the truncate are removed; only later events apply.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from cdc_platform.lake.history import HistoryResult, apply_history, ensure_history_table, snapshot_events
+from cdc_platform.lake.ledger import Ledger
+from cdc_platform.lake.tables import LakeTable
+from cdc_platform.model.coverage import walk
+from cdc_platform.model.errors import NoGenerationError
+from cdc_platform.model.generations import Generation
+from cdc_platform.model.state import CurrentPosition
+from cdc_platform.model.tables import TableSchema
+from cdc_platform.model.windows import WindowRange
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+POSITION_COLUMNS = ("_cdc_commit_lsn", "_cdc_lsn")
+
+
+@dataclass
+class CurrentResult:
+    generation: str
+    rebuilt: bool
+    changes_applied: int
+    rows: int
+    frontier: dict[int, int]
+    applied_position: int
+    last_source_ts: datetime | None
+    duration_s: float
+    waiting_for: list[str] = field(default_factory=list)  # partitions stopped at a gap
+    history: HistoryResult | None = None  # when the table keeps an SCD2 history
+    # a rebuild from a new generation: rows the previous current held that the source no
+    # longer has (hard deletes a polled source cannot see, or deletes lost in a gap)
+    dropped_by_generation: int | None = None
+    dropped_sample: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Batch:
+    applied: int = 0
+    max_position: int | None = None
+    last_ts: datetime | None = None
+
+
+def committed_generation(ledger: Ledger, table: LakeTable) -> Generation:
+    committed = ledger.committed(table.key)
+    if committed is None or committed.watermark is None:
+        raise NoGenerationError(
+            f"{table.key} has no committed snapshot generation yet; run: cdc-platform snapshot {table.key}"
+        )
+    return committed
+
+
+def needs_rebuild(spark: SparkSession, table: LakeTable, generation: str, position: CurrentPosition | None) -> bool:
+    """Current is (re)built from the generation when it was built from another one, when
+    its table is gone, or when a history table was switched on (it then starts there)."""
+    from delta.tables import DeltaTable
+
+    if position is None or position.generation != generation:
+        return True
+    if not DeltaTable.isDeltaTable(spark, table.current_path):
+        return True
+    return table.config.history and not DeltaTable.isDeltaTable(spark, table.history_path)
+
+
+def apply_current(spark: SparkSession, ledger: Ledger, table: LakeTable) -> CurrentResult:
+    started = time.monotonic()
+    committed = committed_generation(ledger, table)
+    schema = TableSchema.from_json(committed.schema_json)
+    position = ledger.current(table.key)
+    rebuilt = needs_rebuild(spark, table, committed.generation, position)
+    previous_version = _last_version(spark, table.current_path) if rebuilt and position is not None else None
+    history = HistoryResult(0, 0)
+    if rebuilt or position is None:
+        position, history = _rebuild(spark, table, committed, schema)
+    windows = ledger.windows(table.key)
+    coverage = walk(position.frontier, [r.offsets for ranges in windows.values() for r in ranges])
+    batch = _Batch()
+    if coverage.frontier != position.frontier:
+        batch, more = _apply_windows(spark, table, schema, windows, position, coverage.frontier, committed)
+        history = HistoryResult(
+            history.versions_opened + more.versions_opened, history.versions_closed + more.versions_closed
+        )
+    rows = spark.read.format("delta").load(table.current_path).count()
+    applied_position = max(position.applied_position, batch.max_position or 0)
+    last_ts = batch.last_ts or position.last_source_ts
+    ledger.record_current(
+        table.key, CurrentPosition(committed.generation, coverage.frontier, applied_position, last_ts, rows)
+    )
+    dropped: int | None = None
+    sample: list[str] = []
+    if previous_version is not None:
+        dropped, sample = _dropped_rows(spark, table.current_path, previous_version, list(schema.key))
+    return CurrentResult(
+        committed.generation, rebuilt, batch.applied, rows, coverage.frontier, applied_position,
+        last_ts, round(time.monotonic() - started, 3),
+        [h.describe() for h in coverage.holes], history if table.config.history else None, dropped, sample,
+    )  # fmt: skip
+
+
+def _last_version(spark: SparkSession, path: str) -> int | None:
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    last = DeltaTable.forPath(spark, path).history(1).select("version").first()
+    return int(last["version"]) if last else None
+
+
+def _rebuild(
+    spark: SparkSession, table: LakeTable, committed: Generation, schema: TableSchema
+) -> tuple[CurrentPosition, HistoryResult]:
+    """Current from the generation's snapshot, positioned at its watermark."""
+    from pyspark.sql import functions as F
+
+    assert committed.watermark is not None
+    watermark = committed.watermark
+    frame = spark.read.format("delta").load(table.snapshot_path(committed.generation))
+    frame.select(
+        "*", F.lit(watermark.position).cast("long").alias("_cdc_commit_lsn"), F.lit(0).cast("long").alias("_cdc_lsn")
+    ).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(table.current_path)
+    keys = list(schema.key)
+    key_schema = ", ".join(f"`{k}` {frame.schema[k].dataType.simpleString()}" for k in keys)
+    spark.createDataFrame([], f"{key_schema}, _cdc_commit_lsn long, _cdc_lsn long").write.format("delta").mode(
+        "overwrite"
+    ).option("overwriteSchema", "true").save(table.deletes_path)
+    history = HistoryResult(0, 0)
+    if table.config.history:
+        ensure_history_table(spark, table.history_path, frame.schema)
+        events = snapshot_events(
+            spark, table.history_path, frame, keys, watermark.position, watermark.taken_at.isoformat()
+        )
+        history = apply_history(spark, table.history_path, events, keys, frame.columns)
+    return CurrentPosition(committed.generation, dict(watermark.kafka_end_offsets), watermark.position), history
+
+
+def _apply_windows(
+    spark: SparkSession, table: LakeTable, schema: TableSchema, windows: dict[str, tuple[WindowRange, ...]],
+    position: CurrentPosition, frontier: dict[int, int], committed: Generation,
+) -> tuple[_Batch, HistoryResult]:  # fmt: skip
+    """Merge the offsets between the old and the new frontier into current (and history)."""
+    assert committed.watermark is not None
+    touched = sorted(
+        w for w, rs in windows.items()
+        if any(position.frontier.get(r.partition, 0) < r.end and r.start < frontier.get(r.partition, 0) for r in rs)
+    )  # fmt: skip
+    if not touched:
+        return _Batch(), HistoryResult(0, 0)
+    batch = _changes(spark, table, touched, position.frontier, frontier, committed.watermark.position).cache()
+    keys = list(schema.key)
+    try:
+        _evolve(spark, table.current_path, batch)
+        if table.config.history:
+            _evolve(spark, table.history_path, batch)
+        result = _merge(spark, table, batch, keys)
+        history = HistoryResult(0, 0)
+        if table.config.history and result.applied:
+            columns = [
+                c for c in spark.read.format("delta").load(table.current_path).columns if c not in POSITION_COLUMNS
+            ]
+            history = apply_history(spark, table.history_path, batch, keys, columns)
+        return result, history
+    finally:
+        batch.unpersist()
+
+
+def _evolve(spark: SparkSession, path: str, batch: DataFrame) -> list[str]:
+    """Columns the source added (compatible change, already in the changelog's images) are
+    added to the target table; rows from before the change keep NULL in them."""
+    target = spark.read.format("delta").load(path)
+    have = set(target.columns)
+    after_type = batch.schema["after"].dataType
+    added = [f for f in after_type.fields if f.name not in have]  # type: ignore[attr-defined]
+    if added:
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in added)
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
+    return [f.name for f in added]
+
+
+def _dropped_rows(spark: SparkSession, path: str, previous_version: int, keys: list[str]) -> tuple[int, list[str]]:
+    """Keys the previous current (Delta version ``previous_version``) held that the rebuilt one has not."""
+    from cdc_platform.lake.checks import keys_only_in
+
+    before = spark.read.format("delta").option("versionAsOf", previous_version).load(path)
+    now = spark.read.format("delta").load(path).select(*[f"`{k}`" for k in keys])
+    return keys_only_in(before, now, keys, "dropped")
+
+
+def _changes(
+    spark: SparkSession, table: LakeTable, windows: list[str], frontier: dict[int, int], new_frontier: dict[int, int],
+    watermark_position: int,
+) -> DataFrame:  # fmt: skip
+    from pyspark.sql import functions as F
+
+    in_range = None
+    for partition, end in new_frontier.items():
+        start = frontier.get(partition, 0)
+        if end <= start:
+            continue
+        clause = (
+            (F.col("kafka_partition") == partition) & (F.col("kafka_offset") >= start) & (F.col("kafka_offset") < end)
+        )
+        in_range = clause if in_range is None else in_range | clause
+    assert in_range is not None
+    return (
+        spark.read.format("delta")
+        .load(table.changelog_path)
+        .where(F.col("window_start").isin(windows))  # partition pruning: read only these windows
+        .where(in_range)
+        .where(F.col("op").isNotNull())  # tombstones carry nothing the 'd' before them did not
+        .where(F.col("commit_lsn") > watermark_position)  # older changes are in the snapshot
+    )
+
+
+def _merge(spark: SparkSession, table: LakeTable, batch: DataFrame, keys: list[str]) -> _Batch:
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    # one pass over the batch: its size, its newest position, and the newest truncate
+    summary = batch.agg(
+        F.count(F.lit(1)).alias("n"),
+        F.max("commit_lsn").alias("max_commit"),
+        F.max("source_ts").alias("max_ts"),
+        F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "lsn"))).alias("t"),
+    ).first()
+    assert summary is not None
+    if int(summary["n"]) == 0:
+        return _Batch()
+    target = DeltaTable.forPath(spark, table.current_path)
+    columns = [f.name for f in target.toDF().schema.fields if f.name not in POSITION_COLUMNS]
+    if summary["t"] is not None:
+        batch = _truncate(target, batch, summary["t"]["commit_lsn"], summary["t"]["lsn"])
+    latest = _not_deleted_later(spark, table, _latest_per_key(batch.where(F.col("op") != "t"), keys, columns), keys)
+    _merge_latest(target, latest, keys, columns)
+    _remember_deletes(spark, table, latest, keys)
+    last_ts = summary["max_ts"].astimezone(UTC) if summary["max_ts"] is not None else None  # naive: local time
+    return _Batch(int(summary["n"]), int(summary["max_commit"]) if summary["max_commit"] is not None else None, last_ts)
+
+
+def _truncate(target: Any, batch: DataFrame, t_commit: int, t_lsn: int) -> DataFrame:
+    """Rows older than the truncate go; only the batch's later events still apply."""
+    from pyspark.sql import functions as F
+
+    target.delete(
+        (F.col("_cdc_commit_lsn") < t_commit) | ((F.col("_cdc_commit_lsn") == t_commit) & (F.col("_cdc_lsn") < t_lsn))
+    )
+    return batch.where((F.col("commit_lsn") > t_commit) | ((F.col("commit_lsn") == t_commit) & (F.col("lsn") > t_lsn)))
+
+
+def _latest_per_key(batch: DataFrame, keys: list[str], columns: list[str]) -> DataFrame:
+    """Per key: the latest op and position, and per column the latest value among events
+    that carried it (a struct: a real NULL is still a value; TOASTed columns are not)."""
+    from pyspark.sql import functions as F
+
+    order = F.struct("commit_lsn", "lsn", "kafka_partition", "kafka_offset")
+    image = F.when(F.col("op") == "d", F.col("before")).otherwise(F.col("after"))
+    keyed = batch.select("*", *[image[k].alias(f"__key_{k}") for k in keys], order.alias("__order"))
+    aggregates = [
+        F.max_by("op", "__order").alias("op"),
+        F.max("__order").alias("__order"),
+        F.max("source_ts").alias("source_ts"),
+    ]
+    for c in columns:
+        available = ~F.coalesce(F.array_contains("unavailable", c), F.lit(False)) & (F.col("op") != "d")
+        aggregates.append(
+            F.max_by(F.struct(F.col("after")[c].alias("v")), F.when(available, F.col("__order"))).alias(f"__v_{c}")
+        )
+    return keyed.groupBy(*[f"__key_{k}" for k in keys]).agg(*aggregates)
+
+
+def _not_deleted_later(spark: SparkSession, table: LakeTable, latest: DataFrame, keys: list[str]) -> DataFrame:
+    """A duplicate older than a remembered delete must not resurrect the row."""
+    from pyspark.sql import functions as F
+
+    deletes = spark.read.format("delta").load(table.deletes_path)
+    cond = [F.col(f"l.__key_{k}") == F.col(f"d.{k}") for k in keys]
+    stale = (F.col("d._cdc_commit_lsn") > F.col("l.__order.commit_lsn")) | (
+        (F.col("d._cdc_commit_lsn") == F.col("l.__order.commit_lsn")) & (F.col("d._cdc_lsn") >= F.col("l.__order.lsn"))
+    )
+    return (
+        latest.alias("l")
+        .join(deletes.alias("d"), on=cond, how="left")
+        .where(~F.coalesce(stale, F.lit(False)))
+        .select("l.*")
+    )
+
+
+def _merge_latest(target: Any, latest: DataFrame, keys: list[str], columns: list[str]) -> None:
+    # (commit LSN, LSN) compared as a pair: an event at or before the row's position is a duplicate
+    newer = (
+        "(s.__order.commit_lsn > t._cdc_commit_lsn"
+        " OR (s.__order.commit_lsn = t._cdc_commit_lsn AND s.__order.lsn > t._cdc_lsn))"
+    )
+    match = " AND ".join(f"t.`{k}` <=> s.`__key_{k}`" for k in keys)
+    values = {f"`{c}`": f"CASE WHEN s.`__v_{c}` IS NOT NULL THEN s.`__v_{c}`.v ELSE t.`{c}` END" for c in columns}
+    inserts = {f"`{c}`": f"s.`__v_{c}`.v" for c in columns}
+    position = {"_cdc_commit_lsn": "s.__order.commit_lsn", "_cdc_lsn": "s.__order.lsn"}
+    (
+        target.alias("t")
+        .merge(latest.alias("s"), match)
+        .whenMatchedDelete(condition=f"s.op = 'd' AND {newer}")
+        .whenMatchedUpdate(condition=f"s.op <> 'd' AND {newer}", set={**values, **position})
+        .whenNotMatchedInsert(condition="s.op <> 'd'", values={**inserts, **position})
+        .execute()
+    )
+
+
+def _remember_deletes(spark: SparkSession, table: LakeTable, latest: DataFrame, keys: list[str]) -> None:
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    removed = latest.where(F.col("op") == "d").select(
+        *[F.col(f"__key_{k}").alias(k) for k in keys],
+        F.col("__order.commit_lsn").alias("_cdc_commit_lsn"),
+        F.col("__order.lsn").alias("_cdc_lsn"),
+    )
+    match = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
+    (
+        DeltaTable.forPath(spark, table.deletes_path).alias("t")
+        .merge(removed.alias("s"), match)
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll()
+        .execute()
+    )  # fmt: skip

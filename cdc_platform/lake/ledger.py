@@ -1,0 +1,289 @@
+"""The ledger: every piece of pipeline state, typed, in the lake.
+
+Four append-only Delta tables under ``<lake>/_ledger/``, read and written with delta-rs
+(no Spark, no JVM: sensors, the CLI and the Spark driver all use the same class):
+
+* ``generations`` — one row per step of a generation's life (requested, running,
+  committed, failed) with its reason, cause, run, watermark, rows and resolved schema;
+* ``windows`` — changelog offset ranges per window and Kafka partition, fixed once;
+* ``current`` — what current has applied (generation, frontier, source position);
+* ``schemas`` — the table's registered schema versions (compatibility history, and the
+  schema the lake decodes Kafka records with).
+
+Appends only, so concurrent writers never conflict: the state is the fold of the rows
+(``model.generations.fold``; the newest ``current`` row; the first recording of a
+window). Every ``MAINTAIN_EVERY`` commits a writer compacts the table and checkpoints
+its log, so reads stay one file and one checkpoint however long the history.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdc_platform.model.errors import RetriableError
+from cdc_platform.model.generations import Generation, GenerationEvent, GenerationStatus, Watermark, fold
+from cdc_platform.model.state import CurrentPosition, SchemaRecord
+from cdc_platform.model.tables import TableSchema
+from cdc_platform.model.windows import WindowPlan, WindowRange
+
+log = logging.getLogger("cdc_platform.ledger")
+
+MAINTAIN_EVERY = 100
+VACUUM_RETENTION_HOURS = 1
+_TS = pa.timestamp("us", tz="UTC")
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "generations": pa.schema(
+        [
+            ("table", pa.string()), ("generation", pa.string()), ("status", pa.string()), ("at", _TS),
+            ("reason", pa.string()), ("cause", pa.string()), ("covers", pa.string()), ("run_id", pa.string()),
+            ("watermark", pa.string()), ("rows", pa.int64()), ("schema", pa.string()), ("detail", pa.string()),
+        ]
+    ),
+    "windows": pa.schema(
+        [
+            ("table", pa.string()), ("window", pa.string()), ("window_end", pa.string()), ("partition", pa.int32()),
+            ("start", pa.int64()), ("end", pa.int64()), ("recorded_at", _TS),
+        ]
+    ),
+    "current": pa.schema(
+        [
+            ("table", pa.string()), ("generation", pa.string()), ("frontier", pa.string()),
+            ("applied_position", pa.int64()), ("last_source_ts", _TS), ("rows", pa.int64()), ("updated_at", _TS),
+        ]
+    ),
+    "schemas": pa.schema(
+        [
+            ("table", pa.string()), ("version", pa.int32()), ("generation", pa.string()), ("fingerprint", pa.string()),
+            ("schema", pa.string()), ("change", pa.string()), ("registered_at", _TS),
+        ]
+    ),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LedgerState:
+    """One read of the whole ledger: what a sensor tick needs for every table at once."""
+
+    generations: dict[str, dict[str, Generation]]  # table -> name -> generation
+    windows: dict[str, dict[str, tuple[WindowRange, ...]]]  # table -> window key -> ranges
+    current: dict[str, CurrentPosition]
+
+    def committed(self, table: str) -> Generation | None:
+        from cdc_platform.model.generations import latest_committed
+
+        return latest_committed(self.generations.get(table, {}).values())
+
+
+class Ledger:
+    def __init__(self, lake_root: str, storage_options: Mapping[str, str] | None = None) -> None:
+        self.root = f"{lake_root.rstrip('/')}/_ledger"
+        self.storage_options = dict(storage_options or {})
+
+    # ------------------------------------------------------------ generations
+
+    def record_generation(self, event: GenerationEvent) -> None:
+        self._append("generations", [_generation_row(event)])
+
+    def generations(self, table: str) -> dict[str, Generation]:
+        return fold(_generation_event(r) for r in self._rows("generations", table))
+
+    def committed(self, table: str) -> Generation | None:
+        from cdc_platform.model.generations import latest_committed
+
+        return latest_committed(self.generations(table).values())
+
+    # ------------------------------------------------------------ changelog windows
+
+    def record_window(self, table: str, plan: WindowPlan) -> None:
+        now = datetime.now(UTC)
+        rows = [
+            {"table": table, "window": plan.key, "window_end": r.window_end, "partition": r.partition,
+             "start": r.start, "end": r.end, "recorded_at": now}
+            for r in plan.ranges
+        ]  # fmt: skip
+        self._append("windows", rows)
+
+    def record_windows(self, table: str, plans: Iterable[WindowPlan]) -> None:
+        """Many windows in one commit (imports, tests)."""
+        now = datetime.now(UTC)
+        rows = [
+            {"table": table, "window": p.key, "window_end": r.window_end, "partition": r.partition,
+             "start": r.start, "end": r.end, "recorded_at": now}
+            for p in plans for r in p.ranges
+        ]  # fmt: skip
+        self._append("windows", rows)
+
+    def windows(self, table: str) -> dict[str, tuple[WindowRange, ...]]:
+        return _windows_of(self._rows("windows", table))
+
+    # ------------------------------------------------------------ current
+
+    def record_current(self, table: str, position: CurrentPosition) -> None:
+        self._append("current", [_current_row(table, position)])
+
+    def current(self, table: str) -> CurrentPosition | None:
+        rows = self._rows("current", table)
+        return _current_position(max(rows, key=lambda r: r["updated_at"])) if rows else None
+
+    # ------------------------------------------------------------ schemas
+
+    def register_schema(self, table: str, record: SchemaRecord) -> None:
+        row = {
+            "table": table, "version": record.version, "generation": record.generation,
+            "fingerprint": record.fingerprint, "schema": record.schema_json, "change": record.change,
+            "registered_at": record.registered_at,
+        }  # fmt: skip
+        self._append("schemas", [row])
+
+    def schema_history(self, table: str) -> list[SchemaRecord]:
+        rows = sorted(self._rows("schemas", table), key=lambda r: (r["version"], r["registered_at"]))
+        latest: dict[int, SchemaRecord] = {}
+        for r in rows:  # a version registered twice (a retried step) keeps its first record
+            latest.setdefault(
+                r["version"],
+                SchemaRecord(
+                    r["version"], r["generation"], r["fingerprint"], r["schema"], r["change"], r["registered_at"]
+                ),
+            )
+        return [latest[v] for v in sorted(latest)]
+
+    def latest_schema(self, table: str) -> TableSchema | None:
+        history = self.schema_history(table)
+        return TableSchema.from_json(history[-1].schema_json) if history else None
+
+    # ------------------------------------------------------------ everything at once
+
+    def read(self) -> LedgerState:
+        generations: dict[str, list[GenerationEvent]] = {}
+        for row in self._rows("generations"):
+            generations.setdefault(row["table"], []).append(_generation_event(row))
+        windows: dict[str, list[dict[str, Any]]] = {}
+        for row in self._rows("windows"):
+            windows.setdefault(row["table"], []).append(row)
+        current: dict[str, dict[str, Any]] = {}
+        for row in self._rows("current"):
+            if row["table"] not in current or row["updated_at"] > current[row["table"]]["updated_at"]:
+                current[row["table"]] = row
+        return LedgerState(
+            {t: fold(events) for t, events in generations.items()},
+            {t: _windows_of(rows) for t, rows in windows.items()},
+            {t: _current_position(r) for t, r in current.items()},
+        )
+
+    # ------------------------------------------------------------ storage
+
+    def _path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def _table(self, name: str) -> Any:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self._path(name), storage_options=self.storage_options or None)
+        except TableNotFoundError:
+            return None
+        except OSError as exc:
+            raise RetriableError(f"ledger {self._path(name)} cannot be read: {exc}") from None
+
+    def _rows(self, name: str, table: str | None = None) -> list[dict[str, Any]]:
+        delta = self._table(name)
+        if delta is None:
+            return []
+        data = delta.to_pyarrow_table()
+        if table is not None:
+            data = data.filter(pc.equal(data["table"], table))
+        rows: list[dict[str, Any]] = data.to_pylist()
+        return rows
+
+    def _append(self, name: str, rows: list[dict[str, Any]]) -> None:
+        from deltalake import write_deltalake
+
+        if not rows:
+            return
+        data = pa.Table.from_pylist(rows, schema=SCHEMAS[name])
+        try:
+            write_deltalake(self._path(name), data, mode="append", storage_options=self.storage_options or None)
+        except OSError as exc:
+            raise RetriableError(f"ledger {self._path(name)} cannot be written: {exc}") from None
+        self._maintain(name)
+
+    def _maintain(self, name: str) -> None:
+        """Every MAINTAIN_EVERY commits: one file, a checkpoint, old files removed."""
+        delta = self._table(name)
+        if delta is None or delta.version() % MAINTAIN_EVERY != 0:
+            return
+        try:
+            delta.optimize.compact()
+            delta.create_checkpoint()
+            delta.vacuum(VACUUM_RETENTION_HOURS, dry_run=False, enforce_retention_duration=False)
+        except Exception as exc:  # maintenance is best effort; the next writer tries again
+            log.warning("ledger %s: maintenance skipped (%s)", name, exc)
+
+
+def _generation_row(event: GenerationEvent) -> dict[str, Any]:
+    return {
+        "table": event.table, "generation": event.generation, "status": event.status.value, "at": event.at,
+        "reason": event.reason, "cause": event.cause, "covers": json.dumps(list(event.covers)), "run_id": event.run_id,
+        "watermark": event.watermark.to_json() if event.watermark else None, "rows": event.rows,
+        "schema": event.schema_json, "detail": event.detail,
+    }  # fmt: skip
+
+
+def _generation_event(row: dict[str, Any]) -> GenerationEvent:
+    return GenerationEvent(
+        table=row["table"],
+        generation=row["generation"],
+        status=GenerationStatus(row["status"]),
+        at=row["at"],
+        reason=row["reason"] or "",
+        cause=row["cause"] or "",
+        covers=tuple(json.loads(row["covers"] or "[]")),
+        run_id=row["run_id"] or "",
+        watermark=Watermark.from_json(row["watermark"]) if row["watermark"] else None,
+        rows=row["rows"],
+        schema_json=row["schema"] or "",
+        detail=row["detail"] or "",
+    )
+
+
+def _windows_of(rows: Iterable[dict[str, Any]]) -> dict[str, tuple[WindowRange, ...]]:
+    """Window key -> its ranges; a window recorded twice (a race) keeps its first recording."""
+    first: dict[tuple[str, int], dict[str, Any]] = {}
+    for row in rows:
+        slot = (row["window"], row["partition"])
+        if slot not in first or row["recorded_at"] < first[slot]["recorded_at"]:
+            first[slot] = row
+    out: dict[str, list[WindowRange]] = {}
+    for (window, partition), row in sorted(first.items()):
+        out.setdefault(window, []).append(WindowRange(partition, row["start"], row["end"], row["window_end"]))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _current_row(table: str, position: CurrentPosition) -> dict[str, Any]:
+    return {
+        "table": table, "generation": position.generation,
+        "frontier": json.dumps({str(p): o for p, o in sorted(position.frontier.items())}),
+        "applied_position": position.applied_position, "last_source_ts": position.last_source_ts,
+        "rows": position.rows, "updated_at": position.updated_at,
+    }  # fmt: skip
+
+
+def _current_position(row: dict[str, Any]) -> CurrentPosition:
+    return CurrentPosition(
+        generation=row["generation"],
+        frontier={int(p): int(o) for p, o in json.loads(row["frontier"]).items()},
+        applied_position=int(row["applied_position"]),
+        last_source_ts=row["last_source_ts"],
+        rows=int(row["rows"] or 0),
+        updated_at=row["updated_at"],
+    )

@@ -1,0 +1,123 @@
+"""The Spark session the platform runs on.
+
+``local[*]`` by default; ``spark.master``, the lake URI and any Spark conf come from the
+config so the same code runs on a cluster. The jars pyspark does not ship (Delta Lake,
+the JDBC drivers) come from ``spark.jars_dir`` (scripts/bootstrap.sh resolves them with
+mvn into ``.cdc/jars/spark``), else ``$CDC_SPARK_JARS_DIR``, else Spark downloads the
+pinned packages from Maven Central itself (``spark.jars.packages``): an installed package
+needs no checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cdc_platform.config.model import SparkConfig
+from cdc_platform.model.errors import FatalError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+JARS_DIR_ENV = "CDC_SPARK_JARS_DIR"
+# the same versions as stack/jvm/spark/pom.xml (pyspark 4.2.0, delta-spark 4.4.0)
+PINNED_PACKAGES = (
+    "io.delta:delta-spark_4.2_2.13:4.4.0",
+    "org.postgresql:postgresql:42.7.8",
+    "org.mariadb.jdbc:mariadb-java-client:3.5.11",
+)
+_VERSIONED_JAR = re.compile(r"^(?P<artifact>.+?)-\d[\w.\-]*\.jar$")
+
+
+def jars_dir(spark: SparkConfig) -> Path | None:
+    chosen = spark.jars_dir or os.environ.get(JARS_DIR_ENV)
+    return Path(chosen) if chosen else None
+
+
+def jar_settings(spark: SparkConfig) -> dict[str, str]:
+    """``spark.jars`` from the jars directory (skipping artifacts pyspark already ships:
+    Maven's 'provided' scope does not keep all of Spark's own deps out), or the pinned
+    ``spark.jars.packages`` when no directory is set."""
+    directory = jars_dir(spark)
+    if directory is None:
+        return {"spark.jars.packages": ",".join(PINNED_PACKAGES)}
+    import pyspark
+
+    ours = sorted(directory.glob("*.jar"))
+    shipped = {_artifact(p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return {"spark.jars": ",".join(str(p) for p in ours if _artifact(p.name) not in shipped)}
+
+
+def check_jars(spark: SparkConfig) -> None:
+    """A configured jars directory must hold Delta Lake (a clear error, not a ClassNotFound)."""
+    directory = jars_dir(spark)
+    if directory is not None and not any(p.name.startswith("delta-spark_") for p in directory.glob("*.jar")):
+        raise FatalError(
+            f"Delta Lake jars not found in {directory} (spark.jars_dir or ${JARS_DIR_ENV}); run "
+            "scripts/bootstrap.sh (it resolves them with mvn), or unset both to let Spark download the pinned "
+            "packages from Maven Central"
+        )
+
+
+def _artifact(jar_name: str) -> str:
+    match = _VERSIONED_JAR.match(jar_name)
+    return match["artifact"] if match else jar_name
+
+
+def prepare_spark_environment() -> None:
+    """Process environment Spark reads at start-up: loopback only, and Python workers (the
+    data-source planner reads PYSPARK_PYTHON, not spark.pyspark.python) on the venv's
+    interpreter. Explicit settings in the environment win."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def session_conf(spark: SparkConfig) -> dict[str, str]:
+    conf = {
+        **jar_settings(spark),
+        "spark.master": spark.master,
+        "spark.app.name": spark.app_name,
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.session.timeZone": "UTC",
+        # loopback only: the driver and (if enabled) its UI never listen on other interfaces
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "8",
+        "spark.ui.showConsoleProgress": "false",
+        # Delta rebuilds table state with this many tasks; 50 (its default) is all overhead locally
+        "spark.databricks.delta.snapshotPartitions": "4",
+        "spark.databricks.delta.schema.autoMerge.enabled": "false",
+        # source column names may hold spaces and other characters Parquet/Delta refuse
+        # ("Order Id"): every table the platform creates maps columns by name
+        "spark.databricks.delta.properties.defaults.columnMapping.mode": "name",
+        # Python workers (the changelog's Kafka data source) run the driver's interpreter,
+        # i.e. the project's venv, not whatever python3 is first on PATH
+        "spark.pyspark.python": sys.executable,
+    }
+    conf.update(spark.conf)  # the user's settings win
+    return conf
+
+
+def get_spark_session(spark: SparkConfig, app_name: str | None = None) -> SparkSession:
+    from pyspark.sql import SparkSession
+
+    check_jars(spark)
+    prepare_spark_environment()
+    builder = SparkSession.builder
+    for key, value in session_conf(spark).items():
+        builder = builder.config(key, value)
+    if app_name:
+        builder = builder.appName(app_name)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+def spark_resource_conf(spark: SparkConfig) -> dict[str, Any]:
+    """The conf for Dagster's PySpark resource (the same session ``get_spark_session`` builds)."""
+    return dict(session_conf(spark))

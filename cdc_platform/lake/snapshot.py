@@ -1,0 +1,278 @@
+"""A snapshot generation: the source's plan read in parallel by Spark into Delta, validated,
+and only then committed in the ledger.
+
+The source (``sources/<kind>/snapshot.py``) takes the watermark and holds one state of
+the table; this module reads that state with Spark JDBC, converts it to lake types and
+writes ``<table>/snapshot/<generation>``. The generation's life is recorded in the
+ledger: ``running`` when it starts, ``committed`` (with watermark, rows and the resolved
+schema) only after the written rows pass validation, ``failed`` (with the reason)
+otherwise. The lake never uses a generation that is not committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.lake.errors import classify_spark_error
+from cdc_platform.lake.lake_types import lake_type
+from cdc_platform.lake.ledger import Ledger
+from cdc_platform.lake.tables import LakeTable
+from cdc_platform.model.errors import CdcError, GenerationRejectedError
+from cdc_platform.model.generations import GenerationEvent, GenerationStatus, Watermark
+from cdc_platform.model.state import SchemaRecord
+from cdc_platform.sources.base import JdbcRead, SnapshotPlan, Source
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("cdc_platform.snapshot")
+
+PROGRESS_INTERVAL_S = 10.0
+
+
+@dataclass
+class SnapshotResult:
+    generation: str
+    path: str
+    rows: int
+    source_rows: int
+    bytes: int
+    watermark: Watermark
+    position: str  # the watermark's source position as users know it (LSN, or a time)
+    duration_s: float
+    schema_hash: str
+    spark_partitions: int
+    key_columns: tuple[str, ...]
+    columns: list[tuple[str, str]] = field(default_factory=list)  # (name, lake type)
+    schema_json: str = ""  # the resolved TableSchema the generation was read with
+    source_note: str | None = None  # what the source prepared for this generation
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """Who asked for a generation and why (recorded with it in the ledger)."""
+
+    generation: str
+    reason: str = "manual"
+    cause: str = ""
+    run_id: str = ""
+
+
+def take_generation(
+    spark: SparkSession, ledger: Ledger, source: Source, kafka: KafkaClients, table: LakeTable,
+    request: GenerationRequest, log_progress: Callable[[str], None] = log.info,
+) -> SnapshotResult:  # fmt: skip
+    """Take, validate and commit one generation; record ``failed`` (and raise) otherwise."""
+    event = GenerationEvent(table.key, request.generation, GenerationStatus.RUNNING, reason=request.reason,
+                            cause=request.cause, run_id=request.run_id)  # fmt: skip
+    ledger.record_generation(event)
+    try:
+        note = source.prepare_generation(request.reason)
+        result = _write_generation(spark, source, kafka, table, request.generation, log_progress)
+        result.source_note = note
+    except BaseException as exc:
+        error = exc if isinstance(exc, CdcError) else classify_spark_error(exc, f"snapshot of {table.key}")
+        failed = GenerationEvent(table.key, request.generation, GenerationStatus.FAILED, run_id=request.run_id,
+                                 detail=f"{error.kind}: {error}"[:4000])  # fmt: skip
+        ledger.record_generation(failed)
+        if error is exc or not isinstance(exc, Exception):
+            raise
+        raise error from exc
+    _commit(ledger, table, request, result)
+    return result
+
+
+def _commit(ledger: Ledger, table: LakeTable, request: GenerationRequest, result: SnapshotResult) -> None:
+    schema_json = result.schema_json
+    history = ledger.schema_history(table.key)
+    version = (history[-1].version + 1) if history else 1
+    # the generation read the source as it is: its schema starts a new baseline
+    ledger.register_schema(
+        table.key,
+        SchemaRecord(version, request.generation, _fingerprint(schema_json), schema_json,
+                     f"baseline of generation {request.generation}"),
+    )  # fmt: skip
+    ledger.record_generation(
+        GenerationEvent(table.key, request.generation, GenerationStatus.COMMITTED, run_id=request.run_id,
+                        watermark=result.watermark, rows=result.rows, schema_json=schema_json)
+    )  # fmt: skip
+
+
+def _fingerprint(schema_json: str) -> str:
+    from cdc_platform.model.tables import TableSchema
+
+    return TableSchema.from_json(schema_json).version().fingerprint()
+
+
+def _write_generation(
+    spark: SparkSession, source: Source, kafka: KafkaClients, table: LakeTable, generation: str,
+    log_progress: Callable[[str], None],
+) -> SnapshotResult:  # fmt: skip
+    started = time.monotonic()
+    path = table.snapshot_path(generation)
+    max_partitions = max(1, spark.sparkContext.defaultParallelism * 2)
+    with source.snapshot(table.config, kafka, table.topic, max_partitions) as plan:
+        position = source.format_position(plan.watermark.position)
+        log_progress(
+            f"{table.key}: snapshot {generation}: {plan.source_rows} rows at watermark {position}, "
+            f"{len(plan.read.predicates)} Spark partition(s)"
+        )
+        with SparkProgress(spark, f"{table.key}: snapshot {generation}", plan.source_rows, log_progress):
+            read_plan(spark, plan).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+    rows = validate(spark, path, plan, source.capabilities.exact_snapshot_count)
+    result = SnapshotResult(
+        generation, path, rows, plan.source_rows, table_bytes(spark, path), plan.watermark, position,
+        round(time.monotonic() - started, 3), plan.schema_hash, len(plan.read.predicates), plan.schema.key,
+        [(c.name, lake_type(c.pgtype, c.typmod, c.dims).simpleString()) for c in plan.schema.columns],
+        plan.schema.to_json(),
+    )  # fmt: skip
+    log_progress(
+        f"{table.key}: snapshot {generation}: wrote {rows} rows ({result.bytes} bytes) in {result.duration_s} s"
+    )
+    return result
+
+
+def validate(spark: SparkSession, path: str, plan: SnapshotPlan, exact_count: bool) -> int:
+    """The generation must hold exactly what the source's state held (one MVCC snapshot:
+    the same count), or at least each key once (a source without a shared read view)."""
+    from pyspark.sql import functions as F
+
+    written = spark.read.format("delta").load(path)
+    keys = [F.col(quote_spark(k)) for k in plan.schema.key]
+    stats = written.agg(F.count(F.lit(1)).alias("n"), F.count_distinct(*keys).alias("keys")).first()
+    assert stats is not None
+    rows, distinct = int(stats["n"]), int(stats["keys"])
+    if exact_count and rows != plan.source_rows:
+        raise GenerationRejectedError(
+            f"{plan.table}: the snapshot wrote {rows} rows but the source had {plan.source_rows} in the same "
+            "snapshot; the generation is incomplete and is not used (take a new one: cdc-platform rehydrate "
+            f"{plan.table})"
+        )
+    if distinct != rows:
+        raise GenerationRejectedError(
+            f"{plan.table}: the snapshot holds {rows} rows but {distinct} distinct keys; the key "
+            f"({', '.join(plan.schema.key)}) is not unique in the source: set tables[{plan.table}].primary_key to "
+            "a unique key; the generation is not used"
+        )
+    return rows
+
+
+def read_plan(spark: SparkSession, plan: SnapshotPlan) -> DataFrame:
+    """The plan's JDBC read as a frame of lake types."""
+    types = {c.name: lake_type(c.pgtype, c.typmod, c.dims) for c in plan.schema.columns}
+    return read_jdbc(spark, plan.read, types)
+
+
+def read_jdbc(spark: SparkSession, read: JdbcRead, types: dict[str, Any]) -> DataFrame:
+    properties = {
+        "user": read.user,
+        "password": read.password.get_secret_value(),
+        "driver": read.driver,
+        **read.options,
+    }
+    raw = spark.read.jdbc(url=read.url, table=read.source_sql, predicates=list(read.predicates), properties=properties)
+    return raw.select(*[_convert(c.name, c.conversion, types[c.name]) for c in read.columns])
+
+
+def _convert(name: str, conversion: str, lake: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    column = F.col(quote_spark(name))
+    if conversion == "json_array":
+        converted = F.from_json(column, lake)
+    elif conversion == "hex":
+        converted = F.unhex(column)
+    elif conversion == "utc_text":
+        converted = F.concat(column, F.lit("Z")).cast(lake)  # the session ran in UTC
+    elif conversion == "nonzero":
+        converted = (column.cast("long") != 0).cast(lake)
+    else:
+        converted = column.cast(lake)
+    return converted.alias(name)
+
+
+def quote_spark(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def table_bytes(spark: SparkSession, path: str) -> int:
+    from delta.tables import DeltaTable
+
+    detail = DeltaTable.forPath(spark, path).detail().select("sizeInBytes").first()
+    return int(detail["sizeInBytes"]) if detail else 0
+
+
+@contextmanager
+def scratch_copy(
+    spark: SparkSession, source: Source, kafka: KafkaClients, table: LakeTable, purpose: str
+) -> Iterator[tuple[DataFrame, SnapshotPlan]]:
+    """A consistent read of the source into a throwaway Delta table under the lake
+    (``_scratch/``), removed afterwards: what checks and ``verify`` compare current with.
+    Not a generation: the ledger never hears of it."""
+    path = f"{table.lake_root.rstrip('/')}/_scratch/{purpose}-{uuid.uuid4().hex[:8]}"
+    try:
+        with source.snapshot(table.config, kafka, table.topic, max(1, spark.sparkContext.defaultParallelism)) as plan:
+            read_plan(spark, plan).write.format("delta").mode("overwrite").save(path)
+        yield spark.read.format("delta").load(path), plan
+    finally:
+        remove_path(spark, path)
+
+
+def remove_path(spark: SparkSession, path: str) -> None:
+    """Delete a lake directory: local paths directly, other URIs through Hadoop's FileSystem."""
+    import shutil
+
+    if "://" not in path or path.startswith("file:"):
+        shutil.rmtree(path.removeprefix("file:"), ignore_errors=True)
+        return
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    target = jvm.org.apache.hadoop.fs.Path(path)
+    target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(target, True)
+
+
+class SparkProgress(threading.Thread):
+    """Logs the running Spark job's progress (tasks done of tasks, and the share of the
+    table that represents) every ``interval_s`` while a long read/write runs."""
+
+    def __init__(
+        self, spark: SparkSession, label: str, rows: int, log_progress: Callable[[str], None],
+        interval_s: float | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(daemon=True)
+        self.spark, self.label, self.rows, self.log_progress = spark, label, rows, log_progress
+        self.interval_s = interval_s or PROGRESS_INTERVAL_S
+        self._done = threading.Event()
+        self.started_at = datetime.now(UTC)
+
+    def __enter__(self) -> SparkProgress:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._done.set()
+
+    def run(self) -> None:
+        tracker = self.spark.sparkContext.statusTracker()
+        while not self._done.wait(self.interval_s):
+            total = done = 0
+            for stage_id in tracker.getActiveStageIds():
+                info = tracker.getStageInfo(stage_id)
+                if info is not None:
+                    total += info.numTasks
+                    done += info.numCompletedTasks
+            if total:
+                share = done / total
+                self.log_progress(
+                    f"{self.label}: {done}/{total} Spark tasks done ({share:.0%}, ~{int(self.rows * share)} of "
+                    f"{self.rows} rows)"
+                )

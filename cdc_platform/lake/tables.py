@@ -1,0 +1,67 @@
+"""A configured table as the lake sees it: where its Delta tables live, its topic, its
+settings. Resolved once from the config; lake code takes this, never the whole config.
+
+Layout under ``<lake>/<source>/<table>/``: ``snapshot/<generation>``, ``changelog``
+(partitioned by window), ``dead_letters``, ``current``, ``current_deletes`` (positions of
+deleted keys, so a late duplicate never resurrects a row) and ``history``. Pipeline
+state is in ``<lake>/_ledger`` (``lake/ledger.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cdc_platform.config.model import PlatformConfig, TableConfig
+
+
+@dataclass(frozen=True)
+class LakeTable:
+    config: TableConfig
+    lake_root: str
+    topic: str
+    decimal_handling: str  # how the source's producer writes decimals (Debezium's decimal.handling.mode)
+
+    @property
+    def root(self) -> str:
+        """``<lake>/<source>/<table>``."""
+        return f"{self.lake_root.rstrip('/')}/{self.config.source}/{self.config.dagster_name}"
+
+    @property
+    def key(self) -> str:
+        return self.config.key
+
+    @property
+    def source(self) -> str:
+        return self.config.source
+
+    def snapshot_path(self, generation: str) -> str:
+        return f"{self.root}/snapshot/{generation}"
+
+    @property
+    def changelog_path(self) -> str:
+        return f"{self.root}/changelog"
+
+    @property
+    def dead_letters_path(self) -> str:
+        return f"{self.root}/dead_letters"
+
+    @property
+    def current_path(self) -> str:
+        return f"{self.root}/current"
+
+    @property
+    def deletes_path(self) -> str:
+        return f"{self.root}/current_deletes"
+
+    @property
+    def history_path(self) -> str:
+        return f"{self.root}/history"
+
+
+def lake_table(config: PlatformConfig, table: TableConfig) -> LakeTable:
+    decimal_handling = config.sources[table.source].decimal_handling
+    return LakeTable(table, config.lake.root, config.topic_for(table), decimal_handling)
+
+
+def lake_tables(config: PlatformConfig) -> list[LakeTable]:
+    return [lake_table(config, t) for t in config.tables]

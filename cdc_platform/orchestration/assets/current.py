@@ -1,0 +1,227 @@
+"""Current state (and history), with its three checks, in one step and one Spark session."""
+
+from collections.abc import Iterator
+from typing import Any
+
+import dagster as dg
+
+from cdc_platform.config.model import TableConfig
+from cdc_platform.lake.checks import (
+    CompletenessInputs,
+    check_completeness,
+    check_keys,
+    pandera_errors,
+    recent_changelog,
+)
+from cdc_platform.lake.current import POSITION_COLUMNS, CurrentResult, apply_current, committed_generation
+from cdc_platform.lake.ledger import Ledger
+from cdc_platform.lake.schema_registry import SchemaReport, evaluate_schema, registered_report
+from cdc_platform.lake.tables import LakeTable
+from cdc_platform.model.errors import RetriableError, SchemaIncompatibleError
+from cdc_platform.model.tables import TableSchema
+from cdc_platform.orchestration.failures import RETRY_POLICY, as_failure, failures_mapped
+from cdc_platform.orchestration.keys import (
+    COMPLETENESS_CHECK,
+    KEYS_CHECK,
+    SCHEMA_CHECK,
+    changelog_asset_key,
+    current_asset_key,
+    group_name,
+    history_asset_key,
+    snapshot_asset_key,
+)
+from cdc_platform.orchestration.metadata import (
+    completeness_check_metadata,
+    current_metadata,
+    history_metadata,
+    keys_check_metadata,
+    schema_check_metadata,
+)
+from cdc_platform.orchestration.resources import CdcSparkResource, KafkaResource, LedgerResource, SourcesResource
+from cdc_platform.sources.base import Source
+
+# current (and history) follow their inputs: a new generation or a new changelog window
+CURRENT_AUTOMATION = (
+    dg.AutomationCondition.any_deps_updated().since_last_handled() & ~dg.AutomationCondition.in_progress()
+).with_label("after a new generation or changelog window")
+
+
+def current_specs(table: TableConfig, lake_path: str) -> list[dg.AssetSpec]:
+    deps = [snapshot_asset_key(table), changelog_asset_key(table)]
+    common: dict[str, Any] = {
+        "group_name": group_name(table),
+        "kinds": {"spark", "delta"},
+        "deps": deps,
+        "tags": {"cdc/source": table.source},
+        "automation_condition": CURRENT_AUTOMATION,
+    }
+    specs = [
+        dg.AssetSpec(
+            key=current_asset_key(table),
+            description=(
+                f"{table.key} as it is in the source: the latest committed generation, then every change after its "
+                "watermark in source commit order, deletes applied, duplicates harmless. Incremental: each run "
+                "applies only the changelog offsets recorded since the last one."
+            ),
+            metadata={"lake_path": f"{lake_path}/current"},
+            **common,
+        )
+    ]
+    if table.history:  # written by the same run from the same change batch: one position for both
+        specs.append(
+            dg.AssetSpec(
+                key=history_asset_key(table),
+                description=(
+                    f"SCD type 2 history of {table.key}: one version per change with valid_from / valid_to (source "
+                    "commit times) and is_current; never thrown away by a new generation."
+                ),
+                metadata={"lake_path": f"{lake_path}/history"},
+                **common,
+            )
+        )
+    return specs
+
+
+def check_specs(table: TableConfig) -> list[dg.AssetCheckSpec]:
+    key = current_asset_key(table)
+    return [
+        dg.AssetCheckSpec(
+            SCHEMA_CHECK,
+            asset=key,
+            blocking=True,
+            description=(
+                f"The source schema against the registered schema history under {table.compatibility.value}; "
+                "evaluated before anything is merged (an incompatible change merges nothing). Pandera schemas "
+                "generated from the table's schema validate current (types, nullability, key columns)."
+            ),
+        ),
+        dg.AssetCheckSpec(
+            KEYS_CHECK,
+            asset=key,
+            blocking=True,
+            description=(
+                "Primary key non-null and unique in current; Kafka keys of recent events hold exactly the key "
+                "columns and are the same text for every event of a row."
+            ),
+        ),
+        dg.AssetCheckSpec(
+            COMPLETENESS_CHECK,
+            asset=key,
+            description=(
+                "Changelog windows cover every offset since the watermark; dead letters per window within the "
+                "threshold; current reconciles with the source (row count, checksum) when the position allows "
+                "an exact comparison."
+            ),
+        ),
+    ]
+
+
+def build_current_asset(table: TableConfig, lake_path: str) -> dg.AssetsDefinition:
+    @dg.multi_asset(
+        name=f"{table.source}__{table.dagster_name}__current",
+        specs=current_specs(table, lake_path),
+        check_specs=check_specs(table),
+        retry_policy=RETRY_POLICY,
+    )
+    def current(
+        context: dg.AssetExecutionContext,
+        ledger: LedgerResource,
+        sources: SourcesResource,
+        kafka: KafkaResource,
+        pyspark: CdcSparkResource,
+    ) -> Iterator[Any]:
+        step = CurrentStep(
+            context, ledger.ledger(), sources.source(table.source), kafka, pyspark, ledger.table(table.key)
+        )
+        with failures_mapped(f"current of {table.key}"):
+            yield from step.run()
+
+    return current
+
+
+class CurrentStep:
+    """Schema check, apply, then the keys and completeness checks on the result."""
+
+    def __init__(
+        self, context: dg.AssetExecutionContext, ledger: Ledger, source: Source, kafka: KafkaResource,
+        pyspark: CdcSparkResource, table: LakeTable,
+    ) -> None:  # fmt: skip
+        self.context, self.ledger, self.source, self.kafka, self.table = context, ledger, source, kafka, table
+        self.spark = pyspark.spark_session
+        self.key = current_asset_key(table.config)
+
+    def run(self) -> Iterator[Any]:
+        committed = committed_generation(self.ledger, self.table)
+        schema = self.schema_report(committed.generation)
+        if not schema.compatible:
+            assert schema.change is not None
+            yield self._check(SCHEMA_CHECK, False, schema_check_metadata(schema), "; ".join(schema.change.problems))
+            raise as_failure(
+                SchemaIncompatibleError(
+                    f"{self.table.key}: incompatible schema change under {schema.compatibility} "
+                    f"({'; '.join(schema.change.problems)}). Nothing was merged. The rehydration sensor takes a new "
+                    f"generation (reason schema_incompatible); or run: cdc-platform rehydrate {self.table.key}"
+                )
+            )
+        result = apply_current(self.spark, self.ledger, self.table)
+        if result.waiting_for:
+            self.context.log.warning(
+                f"{self.table.key}: waiting for changelog windows: {'; '.join(result.waiting_for)}"
+            )
+        yield dg.MaterializeResult(asset_key=self.key, metadata=current_metadata(result, self.source.format_position))
+        if result.history is not None:
+            yield dg.MaterializeResult(
+                asset_key=history_asset_key(self.table.config), metadata=history_metadata(result)
+            )
+        yield from self.checks(schema, result, committed)
+
+    def schema_report(self, generation: str) -> SchemaReport:
+        """The source's schema against the registered history; when the source cannot be
+        asked, the registered schema is used and the check says so (a warning)."""
+        config = self.table.config
+        try:
+            _, observed = self.source.describe(config)
+        except RetriableError as exc:
+            return registered_report(self.ledger, config.key, config.compatibility, f"source not compared: {exc}")
+        return evaluate_schema(self.ledger, config.key, config.compatibility, generation, observed)
+
+    def checks(self, schema: SchemaReport, result: CurrentResult, committed: Any) -> Iterator[dg.AssetCheckResult]:
+        frame = self.spark.read.format("delta").load(self.table.current_path)
+        table_schema = TableSchema.from_json(committed.schema_json)
+        keys = list(table_schema.key)
+        nullable = {c.name: c.nullable for c in (schema.observed or table_schema).columns}
+        schema.pandera_errors = pandera_errors(frame, nullable, keys)
+        warn = schema.observed is None
+        yield self._check(
+            SCHEMA_CHECK, schema.passed and not warn, schema_check_metadata(schema), schema.note or None, warn
+        )
+        report = check_keys(frame, recent_changelog(self.spark, self.ledger, self.table), keys)
+        yield self._check(KEYS_CHECK, report.passed, keys_check_metadata(report))
+        inputs = CompletenessInputs(frame.drop(*POSITION_COLUMNS), committed, result.frontier, result.applied_position)
+        completeness = check_completeness(
+            self.spark, self.ledger, self.source, self.kafka.clients(), self.table, inputs
+        )
+        # rows a polled source hard-deleted: a warning, fixed by the next reconciliation generation
+        hard_deleted = completeness.passed and completeness.deleted_in_source > 0
+        description = (
+            f"{completeness.deleted_in_source} row(s) exist in current but no longer in the source (hard deletes, "
+            "which polling cannot see); the next reconciliation generation drops them"
+            if hard_deleted
+            else None
+        )
+        metadata = completeness_check_metadata(completeness, result.dropped_by_generation)
+        yield self._check(
+            COMPLETENESS_CHECK, completeness.passed and not hard_deleted, metadata, description, hard_deleted
+        )
+
+    def _check(
+        self, name: str, passed: bool, metadata: dict[str, Any], description: str | None = None, warn: bool = False
+    ) -> dg.AssetCheckResult:
+        return dg.AssetCheckResult(
+            asset_key=self.key,
+            check_name=name,
+            passed=passed,
+            severity=dg.AssetCheckSeverity.WARN if warn else dg.AssetCheckSeverity.ERROR,
+            metadata=metadata,
+            description=description,
+        )

@@ -1,0 +1,58 @@
+"""Names in Dagster: asset keys, groups, checks, jobs and run tags (one table's group is
+``<source>_<table>``; asset keys are ``[<source>, <table>, …]``)."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from cdc_platform.config.model import TableConfig
+
+SCHEMA_CHECK = "schema_compatible"
+KEYS_CHECK = "keys"
+COMPLETENESS_CHECK = "completeness"
+
+# run tags
+TAG_TABLE = "cdc/table"
+TAG_KIND = "cdc/kind"  # generation | changelog | current
+TAG_REASON = "cdc/reason"
+TAG_CAUSE = "cdc/cause"
+TAG_DETAIL = "cdc/detail"
+TAG_GENERATION = "cdc/generation"
+TAG_WINDOW = "cdc/window"
+
+
+def group_name(table: TableConfig) -> str:
+    return f"{table.source}_{table.dagster_name}"
+
+
+def source_asset_key(table: TableConfig) -> dg.AssetKey:
+    return dg.AssetKey([table.source, table.dagster_name, "source"])
+
+
+def snapshot_asset_key(table: TableConfig) -> dg.AssetKey:
+    return dg.AssetKey([table.source, table.dagster_name, "snapshot"])
+
+
+def changelog_asset_key(table: TableConfig) -> dg.AssetKey:
+    return dg.AssetKey([table.source, table.dagster_name, "changelog"])
+
+
+def current_asset_key(table: TableConfig) -> dg.AssetKey:
+    return dg.AssetKey([table.source, table.dagster_name])
+
+
+def history_asset_key(table: TableConfig) -> dg.AssetKey:
+    return dg.AssetKey([table.source, table.dagster_name, "history"])
+
+
+def current_keys(table: TableConfig) -> list[dg.AssetKey]:
+    """Current, and history when the table keeps one (written by the same step)."""
+    return [current_asset_key(table), *([history_asset_key(table)] if table.history else [])]
+
+
+def generation_job_name(table: TableConfig) -> str:
+    return f"{table.source}__{table.dagster_name}__generation_job"
+
+
+def changelog_job_name(table: TableConfig) -> str:
+    return f"{table.source}__{table.dagster_name}__changelog_job"

@@ -1,0 +1,186 @@
+"""The one place where the core's typed results become Dagster metadata (numeric values
+where the UI can plot them). Metadata is for display: the state is in the ledger."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import dagster as dg
+
+from cdc_platform.lake.changelog import WindowResult
+from cdc_platform.lake.checks import CompletenessReport, KeysReport
+from cdc_platform.lake.current import CurrentResult
+from cdc_platform.lake.schema_registry import SchemaReport
+from cdc_platform.lake.snapshot import SnapshotResult
+from cdc_platform.sources.base import MetricValue, Observation
+
+Metadata = dict[str, Any]
+
+
+def metric(value: MetricValue) -> Any:
+    if isinstance(value, bool):
+        return dg.MetadataValue.bool(value)
+    if isinstance(value, int):
+        return dg.MetadataValue.int(value)
+    if isinstance(value, float):
+        return dg.MetadataValue.float(value)
+    return dg.MetadataValue.text("" if value is None else str(value))
+
+
+def observation_metadata(observed: Observation) -> Metadata:
+    described, key = observed.described, observed.schema.key
+    column_schema = dg.TableSchema(
+        columns=[
+            dg.TableColumn(
+                name=c.name,
+                type=c.type_name,
+                description="key column" if c.name in key else None,
+                constraints=dg.TableColumnConstraints(nullable=c.nullable, unique=(key == (c.name,))),
+            )
+            for c in described.columns
+        ]
+    )
+    return {
+        "dagster/row_count": dg.MetadataValue.int(observed.rows),
+        "rows": dg.MetadataValue.int(observed.rows),
+        "rows_exact": dg.MetadataValue.bool(observed.rows_exact),
+        "columns": dg.MetadataValue.int(len(described.columns)),
+        "schema_hash": dg.MetadataValue.text(described.schema_hash()),
+        "key_columns": dg.MetadataValue.text(", ".join(key)),
+        "replica_identity": dg.MetadataValue.text(described.replica_identity),
+        "dagster/column_schema": column_schema,
+        **{name: metric(value) for name, value in observed.capture.items()},
+    }
+
+
+def snapshot_metadata(result: SnapshotResult, reason: str, detail: str | None) -> Metadata:
+    metadata: Metadata = {
+        "dagster/row_count": dg.MetadataValue.int(result.rows),
+        "rows": dg.MetadataValue.int(result.rows),
+        "source_rows": dg.MetadataValue.int(result.source_rows),
+        "bytes": dg.MetadataValue.int(result.bytes),
+        "duration_s": dg.MetadataValue.float(result.duration_s),
+        "spark_partitions": dg.MetadataValue.int(result.spark_partitions),
+        "watermark_lsn": dg.MetadataValue.text(result.position),
+        "watermark_lsn_int": dg.MetadataValue.int(result.watermark.position),
+        "watermark_taken_at": dg.MetadataValue.text(result.watermark.taken_at.isoformat()),
+        "watermark_kafka_end_offsets": dg.MetadataValue.json(
+            {str(p): o for p, o in result.watermark.kafka_end_offsets.items()}
+        ),
+        "schema_hash": dg.MetadataValue.text(result.schema_hash),
+        "key_columns": dg.MetadataValue.text(", ".join(result.key_columns)),
+        "path": dg.MetadataValue.path(result.path),
+        "dagster/column_schema": dg.TableSchema(
+            columns=[dg.TableColumn(name=name, type=lake_type) for name, lake_type in result.columns]
+        ),
+        "rehydration_reason": dg.MetadataValue.text(reason),
+    }
+    if detail:
+        metadata["rehydration_detail"] = dg.MetadataValue.text(detail)
+    if result.source_note:
+        metadata["source_prepared"] = dg.MetadataValue.text(result.source_note)
+    return metadata
+
+
+def changelog_metadata(result: WindowResult, position: Callable[[int], str]) -> Metadata:
+    metadata: Metadata = {
+        "events": dg.MetadataValue.int(result.rows),
+        "dead_letters": dg.MetadataValue.int(result.dead_letters),
+        "duration_s": dg.MetadataValue.float(result.duration_s),
+        "reused_ranges": dg.MetadataValue.bool(result.reused_ranges),
+        "offset_ranges": dg.MetadataValue.json({str(r.partition): [r.start, r.end] for r in result.ranges}),
+        "offsets": dg.MetadataValue.int(sum(r.end - r.start for r in result.ranges)),
+        "schema_registered": dg.MetadataValue.bool(result.schema_registered),
+    }
+    for op in ("c", "u", "d", "t", "r", "tombstone"):
+        metadata[f"events_{op}"] = dg.MetadataValue.int(result.events.get(op, 0))
+    if result.min_commit_lsn is not None and result.max_commit_lsn is not None:
+        metadata["min_commit_lsn"] = dg.MetadataValue.text(position(result.min_commit_lsn))
+        metadata["max_commit_lsn"] = dg.MetadataValue.text(position(result.max_commit_lsn))
+    return metadata
+
+
+def current_metadata(result: CurrentResult, position: Callable[[int], str]) -> Metadata:
+    metadata: Metadata = {
+        "dagster/row_count": dg.MetadataValue.int(result.rows),
+        "rows": dg.MetadataValue.int(result.rows),
+        "changes_applied": dg.MetadataValue.int(result.changes_applied),
+        "rebuilt": dg.MetadataValue.bool(result.rebuilt),
+        "generation": dg.MetadataValue.text(result.generation),
+        "duration_s": dg.MetadataValue.float(result.duration_s),
+        "frontier": dg.MetadataValue.json({str(p): o for p, o in result.frontier.items()}),
+        "last_applied_lsn": dg.MetadataValue.text(position(result.applied_position)),
+    }
+    if result.dropped_by_generation is not None:
+        metadata["rows_dropped_by_generation"] = dg.MetadataValue.int(result.dropped_by_generation)
+        metadata["dropped_sample"] = dg.MetadataValue.json(result.dropped_sample)
+    if result.last_source_ts is not None:
+        metadata["last_source_commit"] = dg.MetadataValue.timestamp(result.last_source_ts)
+        lag = (datetime.now(UTC) - result.last_source_ts).total_seconds()
+        metadata["freshness_lag_s"] = dg.MetadataValue.float(lag)
+    return metadata
+
+
+def history_metadata(result: CurrentResult) -> Metadata:
+    assert result.history is not None
+    return {
+        "versions_opened": dg.MetadataValue.int(result.history.versions_opened),
+        "versions_closed": dg.MetadataValue.int(result.history.versions_closed),
+        "generation": dg.MetadataValue.text(result.generation),
+    }
+
+
+def schema_check_metadata(report: SchemaReport) -> Metadata:
+    change = report.change
+    offending = sorted({*change.added, *change.dropped, *(r.split(":")[0] for r in change.retyped)}) if change else []
+    return {
+        "schema_version": dg.MetadataValue.int(report.version),
+        "registered_new_version": dg.MetadataValue.bool(report.registered),
+        "compatibility": dg.MetadataValue.text(report.compatibility),
+        "change": dg.MetadataValue.text(change.summary() if change else "none"),
+        "incompatibilities": dg.MetadataValue.int(len(change.problems) if change else 0),
+        "offending_columns": dg.MetadataValue.json(offending),
+        "pandera_errors": dg.MetadataValue.int(len(report.pandera_errors)),
+        "pandera_sample": dg.MetadataValue.json(report.pandera_errors[:5]),
+        "source_compared": dg.MetadataValue.bool(report.observed is not None),
+        "note": dg.MetadataValue.text(report.note or ""),
+    }
+
+
+def keys_check_metadata(keys: KeysReport) -> Metadata:
+    return {
+        "rows_checked": dg.MetadataValue.int(keys.rows),
+        "null_keys": dg.MetadataValue.int(keys.null_keys),
+        "duplicate_keys": dg.MetadataValue.int(keys.duplicate_keys),
+        "mismatches": dg.MetadataValue.int(keys.null_keys + keys.duplicate_keys),
+        "kafka_events_checked": dg.MetadataValue.int(keys.kafka_events_checked),
+        "kafka_key_mismatches": dg.MetadataValue.int(keys.kafka_key_mismatches),
+        "kafka_unstable_rows": dg.MetadataValue.int(keys.kafka_unstable_rows),
+        "sample_keys": dg.MetadataValue.json(keys.sample + keys.kafka_sample),
+    }
+
+
+def completeness_check_metadata(report: CompletenessReport, dropped_by_generation: int | None) -> Metadata:
+    return {
+        "deleted_in_source": dg.MetadataValue.int(report.deleted_in_source),
+        "rows_dropped_by_generation": dg.MetadataValue.int(dropped_by_generation or 0),
+        "offsets_missing": dg.MetadataValue.int(report.offsets_missing),
+        "holes": dg.MetadataValue.json(report.holes[:10]),
+        "dead_letters": dg.MetadataValue.int(report.dead_letters),
+        "max_dead_letters_per_window": dg.MetadataValue.int(report.max_dead_letters_per_window),
+        "dead_letter_threshold": dg.MetadataValue.int(report.dead_letter_threshold),
+        "reconciled": dg.MetadataValue.bool(report.compared),
+        "reconcile_note": dg.MetadataValue.text(report.compare_note),
+        "rows_checked": dg.MetadataValue.int(report.current_rows),
+        "source_rows": dg.MetadataValue.int(report.source_rows),
+        "missing_rows": dg.MetadataValue.int(report.missing),
+        "extra_rows": dg.MetadataValue.int(report.extra),
+        "mismatches": dg.MetadataValue.int(report.missing + report.extra),
+        "sample_keys": dg.MetadataValue.json(report.sample),
+    }
+
+
+def table_spec_metadata(values: Mapping[str, str]) -> Metadata:
+    return {k: dg.MetadataValue.text(v) for k, v in values.items()}

@@ -1,0 +1,159 @@
+"""A PostgreSQL table's snapshot plan: watermark first, then one MVCC snapshot for every reader.
+
+Order matters for correctness:
+1. the **watermark** (source LSN, then Kafka end offsets) is taken *before* the snapshot,
+   so every transaction committed after the watermark is either in the snapshot or not,
+   and is in the changelog after the watermark either way — re-applying a full row image
+   that the snapshot already holds changes nothing, missing one would lose it;
+2. a coordinator transaction (REPEATABLE READ) exports its MVCC snapshot, and every
+   Spark JDBC partition joins it (``SET TRANSACTION SNAPSHOT``): all partitions see one
+   consistent state, and the coordinator counts the rows of that same state;
+3. the read is split on the key (ranges of an integer first key column, hash buckets
+   otherwise); each column is read through an expression that keeps its value exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from cdc_platform.config.model import TableConfig
+from cdc_platform.envelope.pgtypes import numeric_precision_scale
+from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.model.generations import Watermark
+from cdc_platform.model.tables import LakeColumn, SourceTable, TableSchema, resolve_key
+from cdc_platform.sources.base import ColumnRead, JdbcRead, SnapshotPlan
+from cdc_platform.sources.postgres.catalog import count_rows, describe_table, resolve_pg_types, table_schema
+from cdc_platform.sources.postgres.slot import current_wal_position
+from cdc_platform.sources.postgres.stream import PostgresEndpoint
+
+ROWS_PER_PARTITION = 250_000
+MAX_DECIMAL_PRECISION = 38
+INTEGER_KINDS = {"int16", "int32", "int64"}
+# kinds JDBC reads exactly as they are
+_PLAIN_KINDS = {"int16", "int32", "int64", "float32", "float64", "bool", "date", "timestamp", "timestamptz", "bytea"}
+# the session settings that make text forms unambiguous (the same as capture's)
+SESSION_SQL = "SET TimeZone = 'UTC'; SET IntervalStyle = 'iso_8601'; SET extra_float_digits = 1"
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@contextmanager
+def snapshot_plan(
+    endpoint: PostgresEndpoint, table: TableConfig, kafka: KafkaClients, topic: str, max_partitions: int
+) -> Iterator[SnapshotPlan]:
+    """Holds the coordinator's exported snapshot open while the caller reads the plan."""
+    with endpoint.connect("snapshot") as coordinator:
+        watermark = Watermark(current_wal_position(coordinator), kafka.end_offsets(topic), datetime.now(UTC))
+        coordinator.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        exported = coordinator.execute("SELECT pg_export_snapshot()").fetchone()
+        assert exported is not None
+        described, schema = describe(coordinator, table)
+        source_rows = count_rows(coordinator, described.schema, described.name)
+        predicates = plan_predicates(coordinator, described, schema, source_rows, max_partitions)
+        read = jdbc_read(endpoint, described, schema, predicates, str(exported[0]))
+        yield SnapshotPlan(table.key, watermark, schema, read, source_rows, described.schema_hash(), described)
+        coordinator.execute("COMMIT")
+
+
+def describe(conn: psycopg.Connection[tuple[Any, ...]], table: TableConfig) -> tuple[SourceTable, TableSchema]:
+    described = describe_table(conn, table.schema_name, table.table_name)
+    key = resolve_key(described, table.primary_key, f"tables[{table.key}].primary_key")
+    types = resolve_pg_types(conn, [c.type_oid for c in described.columns])
+    return described, table_schema(described, types, key)
+
+
+def jdbc_read(
+    endpoint: PostgresEndpoint,
+    described: SourceTable,
+    schema: TableSchema,
+    predicates: list[str],
+    snapshot_id: str | None,
+) -> JdbcRead:
+    """Every partition's connection joins the exported snapshot (when given)."""
+    source = endpoint.config
+    columns = tuple(column_read(c) for c in schema.columns)
+    source_sql = "(SELECT {} FROM {}.{}) AS snapshot_source".format(
+        ", ".join(c.select_sql for c in columns), quote_ident(described.schema), quote_ident(described.name)
+    )
+    init = SESSION_SQL
+    if snapshot_id is not None:
+        init += f"; BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot_id}'"
+    options = {
+        "fetchsize": "10000",
+        "sessionInitStatement": init,
+        "preferTimestampNTZ": "true",
+        "ApplicationName": f"cdc_platform_snapshot_{endpoint.name}",
+        **{k: v for k, v in source.connect_options.items() if k in ("sslmode", "connect_timeout")},
+    }
+    return JdbcRead(
+        url=f"jdbc:postgresql://{source.host}:{source.port}/{source.database}",
+        driver="org.postgresql.Driver",
+        user=source.user,
+        password=source.password(endpoint.name),
+        source_sql=source_sql,
+        predicates=tuple(predicates),
+        columns=columns,
+        options=options,
+    )
+
+
+def column_read(column: LakeColumn) -> ColumnRead:
+    """The SELECT expression for a column. JDBC's own mappings are lossy for several
+    types (numeric without scale, time, interval, arrays), so those are cast to text or
+    JSON in PostgreSQL and converted exactly in Spark."""
+    name, pgtype = column.name, column.pgtype
+    ident = quote_ident(name)
+    kind = pgtype.kind
+    if kind == "array":
+        return ColumnRead(name, f"to_json({ident})::text AS {ident}", "json_array")
+    if kind == "timetz":  # the UTC time with 'Z', as capture's ZonedTime
+        return ColumnRead(name, f"regexp_replace(({ident} AT TIME ZONE 'UTC')::text, '\\+00$', 'Z') AS {ident}")
+    if kind == "money":
+        return ColumnRead(name, f"{ident}::numeric(19,2) AS {ident}")
+    if kind in _PLAIN_KINDS or (kind == "numeric" and fits_decimal(column.typmod)):
+        return ColumnRead(name, ident)
+    if pgtype.name in ("text", "varchar", "bpchar", "name"):
+        # read as is: char(n)::text would drop the padding that the column (and capture) keep
+        return ColumnRead(name, ident)
+    return ColumnRead(name, f"{ident}::text AS {ident}")
+
+
+def fits_decimal(typmod: int) -> bool:
+    """numeric(p,s) with p <= 38 is a Spark decimal, read exactly by JDBC; anything else is text."""
+    precision_scale = numeric_precision_scale(typmod)
+    return precision_scale is not None and precision_scale[0] <= MAX_DECIMAL_PRECISION
+
+
+def plan_predicates(
+    conn: psycopg.Connection[tuple[Any, ...]], described: SourceTable, schema: TableSchema, source_rows: int,
+    max_partitions: int,
+) -> list[str]:  # fmt: skip
+    """WHERE clauses splitting the table into disjoint parts that cover it."""
+    partitions = max(1, min(max_partitions, -(-source_rows // ROWS_PER_PARTITION)))
+    first = schema.key[0]
+    ident = quote_ident(first)
+    if partitions == 1:
+        return ["TRUE"]
+    column = schema.column(first)
+    if column is not None and column.pgtype.kind in INTEGER_KINDS:
+        query = sql.SQL("SELECT min({k}), max({k}) FROM {s}.{t}").format(
+            k=sql.Identifier(first), s=sql.Identifier(described.schema), t=sql.Identifier(described.name)
+        )
+        row = conn.execute(query).fetchone()
+        assert row is not None
+        low, high = int(row[0] or 0), int(row[1] or 0)
+        step = max(1, -(-(high - low + 1) // partitions))
+        return [f"{ident} >= {b} AND {ident} < {b + step}" for b in range(low, high + 1, step)]
+    # hash buckets for non-integer keys (uuid, text, …); the bigint cast avoids abs() overflow
+    return [
+        f"((hashtext({ident}::text)::bigint % {partitions}) + {partitions}) % {partitions} = {i}"
+        for i in range(partitions)
+    ]

@@ -1,1 +1,0 @@
-"""Spark: session settings, Delta IO (and, as they land, Kafka range reads and merges)."""

@@ -1,0 +1,115 @@
+"""The CLI loads ``--config`` first and every command uses that file; the code location
+is built lazily from an explicit path; an installed package finds its jars from a setting,
+not from the dev stack (issue 13, bug 7). No services needed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from cdc_platform.cli.main import main
+from cdc_platform.config import ConfigError
+from cdc_platform.lake.session import PINNED_PACKAGES, jar_settings, session_conf
+from cdc_platform.orchestration.definitions import build_definitions
+from cdc_platform_tests.conftest import REPO_ROOT
+
+DEMO_CONFIG = REPO_ROOT / "cdc_platform.yaml"
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A config outside the working directory, and a working directory without one."""
+    config = tmp_path / "conf" / "platform.yaml"
+    config.parent.mkdir()
+    config.write_text(DEMO_CONFIG.read_text())
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.delenv("CDC_PLATFORM_CONFIG", raising=False)
+    return config
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_every_pipeline_command_runs_with_the_config_it_was_given(
+    elsewhere: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], before: bool
+) -> None:
+    seen: list[Path] = []
+
+    def apply_current(config_path: Path, tables: list[Any], instance: Any = None) -> list[tuple[str, bool, str]]:
+        seen.append(Path(config_path))
+        return [(t.key, True, "run") for t in tables]
+
+    monkeypatch.setattr("cdc_platform.orchestration.runs.apply_current", apply_current)
+    args = ["current", "--all"]
+    args = ["--config", str(elsewhere), *args] if before else [*args, "--config", str(elsewhere)]
+    assert main(args) == 0
+    assert seen == [elsewhere.resolve()]
+    assert "shop.public.customers: applied" in capsys.readouterr().out
+
+
+def test_a_missing_config_is_one_clear_error(elsewhere: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["current", "--all"]) == 2  # ./cdc_platform.yaml does not exist here
+    assert "file not found" in capsys.readouterr().err
+
+
+def test_the_code_location_is_built_lazily_from_the_configured_path(
+    elsewhere: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    monkeypatch.setenv("CDC_PLATFORM_CONFIG", str(elsewhere.parent / "nope.yaml"))
+    module = importlib.reload(importlib.import_module("cdc_platform.definitions"))  # importing builds nothing
+    with pytest.raises(ConfigError, match="file not found"):
+        module.defs()
+    monkeypatch.setenv("CDC_PLATFORM_CONFIG", str(elsewhere))
+    built = module.defs()
+    assert isinstance(built, dg.Definitions)
+    resources = built.resources or {}
+    assert resources["ledger"].config_path == str(elsewhere.resolve())  # a path, never a secret
+
+
+def test_definitions_build_without_services_or_jars(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CDC_SPARK_JARS_DIR", raising=False)
+    defs = build_definitions(DEMO_CONFIG)
+    groups = {spec.group_name for spec in defs.resolve_all_asset_specs()}
+    assert "shop_customers" in groups and "crm_accounts" in groups
+    assert {s.name for s in defs.sensors or []} >= {"changelog_windows", "rehydration", "cdc_run_failures"}
+
+
+def test_jars_come_from_a_setting_with_a_pinned_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cdc_platform.config.model import SparkConfig
+
+    monkeypatch.delenv("CDC_SPARK_JARS_DIR", raising=False)
+    assert jar_settings(SparkConfig()) == {"spark.jars.packages": ",".join(PINNED_PACKAGES)}
+    (tmp_path / "delta-spark_2.13-4.4.0.jar").write_bytes(b"")
+    conf = session_conf(SparkConfig(jars_dir=str(tmp_path)))
+    assert conf["spark.jars"].endswith("delta-spark_2.13-4.4.0.jar") and "spark.jars.packages" not in conf
+
+
+def test_an_installed_package_loads_its_code_location_anywhere(tmp_path: Path) -> None:
+    """The package copied away from the checkout (as a wheel installs it) still loads."""
+    site = tmp_path / "site"
+    shutil.copytree(REPO_ROOT / "cdc_platform", site / "cdc_platform", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "CDC_SPARK_JARS_DIR"}
+    code = (
+        "import cdc_platform, cdc_platform.definitions as d; print(cdc_platform.__file__); print(len(d.defs().assets))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(site), "CDC_PLATFORM_CONFIG": str(DEMO_CONFIG)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    where, assets = result.stdout.split()
+    assert where.startswith(str(site)) and int(assets) == 40
