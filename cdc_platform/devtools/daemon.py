@@ -20,6 +20,7 @@ from typing import Any
 
 import dagster as dg
 
+from cdc_platform.devtools.stack.procs import is_alive
 from cdc_platform.orchestration.definitions import build_definitions
 from cdc_platform.orchestration.keys import current_keys
 from cdc_platform.orchestration.resources import cached_config
@@ -156,7 +157,7 @@ class Daemon:
         statuses = [dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING]
         for run in self.instance.get_runs(filters=dg.RunsFilter(statuses=statuses)):
             pid = run.tags.get("cdc/pid") or _run_pid(self.instance, run.run_id)
-            if pid and not _alive(int(pid)):
+            if pid and not is_alive(int(pid)):
                 self.instance.report_run_failed(run, "the run's process died (detected by run monitoring)")
                 reaped.append(run.run_id)
         return reaped
@@ -170,13 +171,3 @@ def _run_pid(instance: dg.DagsterInstance, run_id: str) -> str | None:
         if event is not None and event.pid is not None:
             return str(event.pid)
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: alive
-    return True
