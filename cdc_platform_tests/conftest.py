@@ -25,7 +25,7 @@ pytest_plugins = ["cdc_platform_tests.sigterm"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 INTEGRATION_DIRS = ("integration", "spark", "dagster")
-SERVICE_FIXTURES = {"stack", "demo_db", "spark", "demo_config_path", "capture_password"}
+SERVICE_FIXTURES = {"stack", "demo_db", "spark", "demo_config_path", "capture_password", "connect"}
 
 # the Spark-side jars scripts/bootstrap.sh resolved (a config's spark.jars_dir wins)
 os.environ.setdefault("CDC_SPARK_JARS_DIR", str(REPO_ROOT / ".cdc" / "jars" / "spark"))
@@ -135,6 +135,24 @@ DEMO_TABLES = """
     primary_key: [event_id]
   - name: bench.public.pgbench_accounts
 """
+
+
+@pytest.fixture(scope="session")
+def connect(stack: StackProfile) -> Iterator[Any]:
+    """Kafka Connect with the Debezium PostgreSQL connector on the test stack (started on
+    first use; stopped afterwards if this session started it). Yields its REST client."""
+    from cdc_platform.devtools.stack.connect import ConnectError, LocalConnect
+
+    worker = LocalConnect(stack)
+    try:
+        started = worker.up()
+    except ConnectError as exc:
+        pytest.fail(f"Kafka Connect could not start: {exc}", pytrace=False)
+    try:
+        yield worker.rest
+    finally:
+        if started:
+            worker.down()
 
 
 @pytest.fixture

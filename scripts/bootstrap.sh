@@ -89,4 +89,6 @@ resolve_jars() {  # $1 = name under stack/jvm/ and .cdc/jars/
 }
 resolve_jars kafka
 resolve_jars spark
+resolve_jars connect   # Kafka Connect worker (test stack: the Debezium producer)
+resolve_jars debezium  # the Debezium PostgreSQL connector, on the worker's classpath
 say "ready"

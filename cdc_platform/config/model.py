@@ -24,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from cdc_platform.config.producers import DebeziumProducer, PlatformProducer
+from cdc_platform.envelope.encoding import ValueEncoding
 from cdc_platform.model.errors import MissingSecretError
 
 # Postgres identifiers as they appear in config: either plain (letters, digits, _, $) or
@@ -125,11 +127,61 @@ class PostgresSource(_Strict):
     connect_options: dict[str, str] = Field(
         default_factory=dict, description="libpq options passed through, e.g. sslmode, connect_timeout."
     )
+    producer: Annotated[PlatformProducer | DebeziumProducer, Field(discriminator="kind")] = Field(
+        default_factory=PlatformProducer,
+        description="Who writes the topics: the platform's capture, or a Debezium connector (kind: debezium).",
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _no_plain_password(cls, data: object) -> object:
         return _refuse_plain_password(data)
+
+    @model_validator(mode="after")
+    def _lake_reads_what_is_written(self) -> PostgresSource:
+        if self.interval_handling == "numeric":
+            raise ValueError(
+                "interval_handling: numeric is not read by the lake (snapshots and changes hold intervals "
+                "as ISO 8601 text, e.g. 'P3DT11H'); remove it or set interval_handling: string"
+            )
+        if not isinstance(self.producer, DebeziumProducer):
+            return self
+        capture_only = sorted({"decimal_handling", "interval_handling", "envelope_schemas"} & self.model_fields_set)
+        if capture_only:
+            raise ValueError(
+                f"{', '.join(capture_only)} configure the platform's capture, which does not write this source's "
+                "topics (producer: debezium); set Debezium's own setting under producer.settings instead"
+            )
+        for field, key in (("slot_name", "slot.name"), ("publication", "publication.name"),
+                           ("topic_prefix", "topic.prefix")):  # fmt: skip
+            ours, theirs = getattr(self, field), self.producer.settings.get(key)
+            if ours and theirs and ours != theirs:
+                raise ValueError(
+                    f"{field} '{ours}' and producer.settings {key} '{theirs}' differ; they name the connector's "
+                    f"{key}: keep one, or make them equal"
+                )
+        return self
+
+    def slot(self, source_name: str) -> str:
+        """The replication slot whose position is this source's (Debezium's own when it produces)."""
+        if isinstance(self.producer, DebeziumProducer):
+            return self.slot_name or self.producer.setting("slot.name")
+        return self.slot_name or f"cdc_{source_name}"
+
+    def publication_name(self, source_name: str) -> str:
+        if isinstance(self.producer, DebeziumProducer):
+            return self.publication or self.producer.setting("publication.name")
+        return self.publication or f"cdc_{source_name}"
+
+    def prefix(self, source_name: str) -> str:
+        if isinstance(self.producer, DebeziumProducer):
+            return self.topic_prefix or self.producer.settings.get("topic.prefix") or source_name
+        return self.topic_prefix or source_name
+
+    def value_encoding(self) -> ValueEncoding:
+        if isinstance(self.producer, DebeziumProducer):
+            return self.producer.encoding()
+        return ValueEncoding(decimal=self.decimal_handling)
 
     @field_validator("connect_options")
     @classmethod
@@ -195,6 +247,12 @@ class JdbcSource(_Strict):
     @classmethod
     def _no_plain_password(cls, data: object) -> object:
         return _refuse_plain_password(data)
+
+    def prefix(self, source_name: str) -> str:
+        return self.topic_prefix or source_name
+
+    def value_encoding(self) -> ValueEncoding:
+        return ValueEncoding(decimal=self.decimal_handling)
 
     def password(self, source_name: str) -> SecretStr:
         return read_secret(self.password_env, f"sources.{source_name}.password_env")
@@ -442,6 +500,16 @@ class TableConfig(_Strict):
         return match.groupdict()
 
 
+def _debezium_topics_accept_truncates(name: str, source: PostgresSource | JdbcSource, kafka: KafkaConfig) -> None:
+    debezium = isinstance(source, PostgresSource) and isinstance(source.producer, DebeziumProducer)
+    if debezium and "compact" in kafka.cleanup_policy:
+        raise ValueError(
+            f"sources.{name} is produced by Debezium, which writes truncate events without a key; a "
+            f"compacted topic (kafka.cleanup_policy: {kafka.cleanup_policy}) rejects them and the connector "
+            "task fails: set kafka.cleanup_policy: delete"
+        )
+
+
 def _unquote(ident: str) -> str:
     if ident.startswith('"') and ident.endswith('"'):
         return ident[1:-1].replace('""', '"')
@@ -467,6 +535,7 @@ class PlatformConfig(_Strict):
                     f"(declared: {', '.join(sorted(self.sources))})"
                 )
             source = self.sources[table.source]
+            _debezium_topics_accept_truncates(table.source, source, self.kafka)
             if isinstance(source, JdbcSource) and table.poll is None:
                 raise ValueError(
                     f"tables[{i}].poll: '{table.name}' belongs to jdbc source '{table.source}' and needs a poll "
@@ -498,6 +567,6 @@ class PlatformConfig(_Strict):
     def topic_for(self, table: TableConfig) -> str:
         if table.topic:
             return table.topic
-        prefix = self.sources[table.source].topic_prefix or table.source
+        prefix = self.sources[table.source].prefix(table.source)
         # Kafka topic names allow [A-Za-z0-9._-]; Debezium replaces anything else with '_'.
         return re.sub(r"[^A-Za-z0-9._-]", "_", f"{prefix}.{table.schema_name}.{table.table_name}")

@@ -20,6 +20,7 @@ import orjson
 
 from cdc_platform.envelope.debezium import UNAVAILABLE
 from cdc_platform.envelope.decode import parse_zoned_timestamp
+from cdc_platform.envelope.encoding import PLATFORM_ENCODING, ValueEncoding
 from cdc_platform.envelope.pgtypes import (
     EPOCH_DATE,
     PgType,
@@ -65,11 +66,12 @@ class ChangeRow:
 
 
 def decode_record(
-    key: bytes | None, value: bytes | None, columns: list[LakeColumnSpec], decimal_handling: str = "precise"
+    key: bytes | None, value: bytes | None, columns: list[LakeColumnSpec], encoding: ValueEncoding = PLATFORM_ENCODING
 ) -> ChangeRow:
-    """One Kafka record as a change row. ``decimal_handling`` is the source's setting
-    (Debezium's ``decimal.handling.mode``): a short base64 string can be all digits, so
-    the representation must be known, not guessed."""
+    """One Kafka record as a change row. ``encoding`` is the producer's representation
+    settings (Debezium's ``decimal.handling.mode``, ``time.precision.mode``,
+    ``binary.handling.mode``): a short base64 string can be all digits and a number can
+    count milliseconds or microseconds, so the representation must be known, not guessed."""
     if value is None:
         return ChangeRow(op=None, key=_parse_key(key))
     try:
@@ -112,7 +114,7 @@ def decode_record(
             continue
         if not isinstance(image, dict):
             raise ChangeDecodeError(f"'{part}' is not an object")
-        values, unavailable = decode_image(image, columns, part, decimal_handling)
+        values, unavailable = decode_image(image, columns, part, encoding)
         setattr(row, part, values)
         if part == "after":
             row.unavailable = unavailable
@@ -127,18 +129,18 @@ def decode_record(
 
 
 def decode_image(
-    image: dict[str, Any], columns: list[LakeColumnSpec], part: str, decimal_handling: str = "precise"
+    image: dict[str, Any], columns: list[LakeColumnSpec], part: str, encoding: ValueEncoding = PLATFORM_ENCODING
 ) -> tuple[dict[str, Any], list[str]]:
     values: dict[str, Any] = {}
     unavailable: list[str] = []
     for column in columns:
         raw = image.get(column.name)
-        if _is_placeholder(raw, column):
+        if _is_placeholder(raw, column, encoding):
             unavailable.append(column.name)
             values[column.name] = None
             continue
         try:
-            values[column.name] = lake_value(raw, column.pgtype, column.typmod, decimal_handling)
+            values[column.name] = lake_value(raw, column.pgtype, column.typmod, encoding)
         except (ValueError, TypeError, KeyError, ArithmeticError) as exc:
             raise ChangeDecodeError(
                 f"{part}.{column.name}: cannot read {str(raw)[:60]!r} as {column.pgtype.name}: {exc}"
@@ -146,13 +148,13 @@ def decode_image(
     return values, unavailable
 
 
-def _is_placeholder(raw: Any, column: LakeColumnSpec) -> bool:
+def _is_placeholder(raw: Any, column: LakeColumnSpec, encoding: ValueEncoding) -> bool:
     if raw in (UNAVAILABLE, [UNAVAILABLE]):
         return True
-    return column.pgtype.kind == "bytea" and raw == base64.b64encode(UNAVAILABLE.encode()).decode()
+    return column.pgtype.kind == "bytea" and raw == encoding.binary_text(UNAVAILABLE.encode())
 
 
-def lake_value(raw: Any, pgtype: PgType, typmod: int, decimal_handling: str = "precise") -> Any:
+def lake_value(raw: Any, pgtype: PgType, typmod: int, encoding: ValueEncoding = PLATFORM_ENCODING) -> Any:
     """A Debezium JSON value as the lake stores it (see lake/lake_types.py)."""
     if raw is None:
         return None
@@ -169,28 +171,31 @@ def lake_value(raw: Any, pgtype: PgType, typmod: int, decimal_handling: str = "p
         return raw
     if kind in ("numeric", "money"):
         scale = (19, 2) if kind == "money" else numeric_precision_scale(typmod)
-        return _numeric(raw, scale, precise=decimal_handling == "precise")
+        return _numeric(raw, scale, precise=encoding.decimal == "precise")
     if kind == "date":
         return date.fromordinal(EPOCH_DATE.toordinal() + int(raw))
     if kind == "time":
-        return format_time_micros(int(raw)) if isinstance(raw, int) else str(raw)
+        if not isinstance(raw, int):
+            return str(raw)
+        return format_time_micros(raw * 1000 if encoding.in_millis(kind, typmod) else raw)
     if kind == "timestamp":
-        return datetime(1970, 1, 1) + timedelta(microseconds=int(raw))
+        unit = 1000 if encoding.in_millis(kind, typmod) else 1
+        return datetime(1970, 1, 1) + timedelta(microseconds=int(raw) * unit)
     if kind == "timestamptz":
         parsed = parse_zoned_timestamp(str(raw))
         if isinstance(parsed, str):
             raise ValueError("infinite timestamps cannot be stored in the lake")
         return parsed
     if kind == "bytea":
-        return base64.b64decode(raw, validate=True)
+        return encoding.binary_value(str(raw))
     if kind == "array":
         assert pgtype.element is not None
         if not isinstance(raw, list):
             raise TypeError("not an array")
         return [
-            lake_value(v, pgtype, typmod, decimal_handling)
+            lake_value(v, pgtype, typmod, encoding)
             if isinstance(v, list)
-            else lake_value(v, pgtype.element, typmod, decimal_handling)
+            else lake_value(v, pgtype.element, typmod, encoding)
             for v in raw
         ]
     if kind == "json" and not isinstance(raw, str):

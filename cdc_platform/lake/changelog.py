@@ -126,7 +126,7 @@ def read_ranges(
     options = {
         "topic": table.topic,
         "schema": schema.to_json(),
-        "decimal_handling": table.decimal_handling,
+        "encoding": table.encoding.to_option(),
         "ranges": json.dumps([[r.partition, r.start, r.end] for r in window.ranges]),
         **worker_options(kafka.kafka),
     }

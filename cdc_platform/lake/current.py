@@ -1,9 +1,19 @@
-"""Current state: the latest committed generation, then every change after its watermark.
+"""Current state: the latest committed generation, then every change from its watermark offsets.
 
 Incremental: each run applies only the changelog offsets between current's frontier and
 the new one (per Kafka partition), so N new changes cost O(N) reads plus one MERGE. What
 current has applied (generation, frontier, source position) is in the ledger.
 
+* **The watermark rule (every producer).** A generation's watermark is the topic's end
+  offsets, read *before* the source position and the snapshot. Current starts from the
+  snapshot and applies **every** change from those offsets on, whatever its source
+  position: a change the snapshot already holds is replayed in source order and the key
+  converges to the same row, a change it lacks is applied. No change is compared with the
+  watermark's source position, because producers do not agree on what an event's position
+  means: Debezium's ``source.sequence[0]`` is the *previous* transaction's commit LSN, the
+  platform's capture writes the event's own; both order the changes of one key correctly
+  (conflicting writes to a row serialize), and that is all this rule needs. Snapshot rows
+  are positioned ``(0, watermark LSN)``: below every streamed change.
 * **Frontier.** Per Kafka partition, current has applied every offset below its frontier.
   It starts at the generation's watermark offsets and moves only across contiguous
   recorded changelog ranges (``model.coverage.walk``): windows materialized out of order
@@ -15,7 +25,11 @@ current has applied (generation, frontier, source position) is in the ledger.
   duplicate never moves a row backwards or resurrects it.
 * **TOAST.** A column listed in ``unavailable`` keeps its value (from an earlier event of
   the batch if there is one, else the row's current value).
-* **Truncate.** Rows older than the truncate are removed; only later events apply.
+* **Truncate.** Streamed rows older than the truncate are removed; snapshot rows only when
+  the truncate's own LSN is after the watermark LSN (an older truncate is already in the
+  snapshot: the snapshot waited for its lock). Only later events apply.
+* **Right after a rebuild** current may briefly show an older state of a key whose
+  replayed changes span two runs; it converges when the rest is applied.
 """
 
 from __future__ import annotations
@@ -39,6 +53,9 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 POSITION_COLUMNS = ("_cdc_commit_lsn", "_cdc_lsn")
+# the commit position of snapshot rows (their _cdc_lsn is the watermark LSN): below every
+# streamed change, whose commit position is a real LSN (or a polled source's clock)
+SNAPSHOT_COMMIT = 0
 
 
 @dataclass
@@ -101,10 +118,9 @@ def apply_current(spark: SparkSession, ledger: Ledger, table: LakeTable) -> Curr
     coverage = walk(position.frontier, [r.offsets for ranges in windows.values() for r in ranges])
     batch = _Batch()
     if coverage.frontier != position.frontier:
-        batch, more = _apply_windows(spark, table, schema, windows, position, coverage.frontier, committed)
-        history = HistoryResult(
-            history.versions_opened + more.versions_opened, history.versions_closed + more.versions_closed
-        )
+        batch, history = _apply_windows(spark, table, schema, windows, position, coverage.frontier, committed)
+    if rebuilt and table.config.history:
+        history = history.plus(_reconcile_history(spark, table, committed, list(schema.key)))
     rows = spark.read.format("delta").load(table.current_path).count()
     applied_position = max(position.applied_position, batch.max_position or 0)
     last_ts = batch.last_ts or position.last_source_ts
@@ -134,28 +150,27 @@ def _last_version(spark: SparkSession, path: str) -> int | None:
 def _rebuild(
     spark: SparkSession, table: LakeTable, committed: Generation, schema: TableSchema
 ) -> tuple[CurrentPosition, HistoryResult]:
-    """Current from the generation's snapshot, positioned at its watermark."""
+    """Current from the generation's snapshot, its rows positioned below every streamed change."""
     from pyspark.sql import functions as F
 
     assert committed.watermark is not None
     watermark = committed.watermark
     frame = spark.read.format("delta").load(table.snapshot_path(committed.generation))
     frame.select(
-        "*", F.lit(watermark.position).cast("long").alias("_cdc_commit_lsn"), F.lit(0).cast("long").alias("_cdc_lsn")
+        "*",
+        F.lit(SNAPSHOT_COMMIT).cast("long").alias("_cdc_commit_lsn"),
+        F.lit(watermark.position).cast("long").alias("_cdc_lsn"),
     ).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(table.current_path)
     keys = list(schema.key)
     key_schema = ", ".join(f"`{k}` {frame.schema[k].dataType.simpleString()}" for k in keys)
     spark.createDataFrame([], f"{key_schema}, _cdc_commit_lsn long, _cdc_lsn long").write.format("delta").mode(
         "overwrite"
     ).option("overwriteSchema", "true").save(table.deletes_path)
-    history = HistoryResult(0, 0)
     if table.config.history:
         ensure_history_table(spark, table.history_path, frame.schema)
-        events = snapshot_events(
-            spark, table.history_path, frame, keys, watermark.position, watermark.taken_at.isoformat()
-        )
-        history = apply_history(spark, table.history_path, events, keys, frame.columns)
-    return CurrentPosition(committed.generation, dict(watermark.kafka_end_offsets), watermark.position), history
+    return CurrentPosition(committed.generation, dict(watermark.kafka_end_offsets), watermark.position), HistoryResult(
+        0, 0
+    )
 
 
 def _apply_windows(
@@ -170,7 +185,7 @@ def _apply_windows(
     )  # fmt: skip
     if not touched:
         return _Batch(), HistoryResult(0, 0)
-    batch = _changes(spark, table, touched, position.frontier, frontier, committed.watermark.position).cache()
+    batch = _changes(spark, table, touched, position.frontier, frontier).cache()
     keys = list(schema.key)
     try:
         _evolve(spark, table.current_path, batch)
@@ -210,10 +225,21 @@ def _dropped_rows(spark: SparkSession, path: str, previous_version: int, keys: l
     return keys_only_in(before, now, keys, "dropped")
 
 
+def _reconcile_history(spark: SparkSession, table: LakeTable, committed: Generation, keys: list[str]) -> HistoryResult:
+    """After a rebuild and the replay from the watermark offsets, history's open versions
+    are made to agree with current (the generation repairs what a gap lost): keys whose
+    open version differs open a version, open keys current lacks are closed."""
+    assert committed.watermark is not None
+    rows = spark.read.format("delta").load(table.current_path).drop(*POSITION_COLUMNS)
+    events = snapshot_events(
+        spark, table.history_path, rows, keys, committed.watermark.position, committed.watermark.taken_at.isoformat()
+    )
+    return apply_history(spark, table.history_path, events, keys, rows.columns)
+
+
 def _changes(
-    spark: SparkSession, table: LakeTable, windows: list[str], frontier: dict[int, int], new_frontier: dict[int, int],
-    watermark_position: int,
-) -> DataFrame:  # fmt: skip
+    spark: SparkSession, table: LakeTable, windows: list[str], frontier: dict[int, int], new_frontier: dict[int, int]
+) -> DataFrame:
     from pyspark.sql import functions as F
 
     in_range = None
@@ -232,7 +258,6 @@ def _changes(
         .where(F.col("window_start").isin(windows))  # partition pruning: read only these windows
         .where(in_range)
         .where(F.col("op").isNotNull())  # tombstones carry nothing the 'd' before them did not
-        .where(F.col("commit_lsn") > watermark_position)  # older changes are in the snapshot
     )
 
 
@@ -262,12 +287,14 @@ def _merge(spark: SparkSession, table: LakeTable, batch: DataFrame, keys: list[s
 
 
 def _truncate(target: Any, batch: DataFrame, t_commit: int, t_lsn: int) -> DataFrame:
-    """Rows older than the truncate go; only the batch's later events still apply."""
+    """Rows older than the truncate go (snapshot rows: when the truncate's LSN is after the
+    watermark LSN they carry); only the batch's later events still apply."""
     from pyspark.sql import functions as F
 
-    target.delete(
-        (F.col("_cdc_commit_lsn") < t_commit) | ((F.col("_cdc_commit_lsn") == t_commit) & (F.col("_cdc_lsn") < t_lsn))
-    )
+    commit, lsn = F.col("_cdc_commit_lsn"), F.col("_cdc_lsn")
+    snapshot_row = commit == SNAPSHOT_COMMIT
+    streamed_older = (commit < t_commit) | ((commit == t_commit) & (lsn < t_lsn))
+    target.delete((snapshot_row & (lsn < t_lsn)) | (~snapshot_row & streamed_older))
     return batch.where((F.col("commit_lsn") > t_commit) | ((F.col("commit_lsn") == t_commit) & (F.col("lsn") > t_lsn)))
 
 

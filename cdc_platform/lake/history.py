@@ -13,10 +13,13 @@ created it (``_cdc_commit_lsn``, ``_cdc_lsn``) and, once closed, the one that cl
 * **Duplicates.** An event at or before the key's last known position (the newest start
   or end position in history) is ignored, so at-least-once redelivery and re-applied
   windows never add versions.
-* **New generation.** History is never thrown away. The snapshot is compared with the
-  open versions: changed or new rows open a version (``_cdc_op = 'r'``, valid from the
-  watermark time), open keys absent from the snapshot are closed there; rows newer than
-  the watermark are left alone (the position rule).
+* **New generation.** History is never thrown away. Current is rebuilt and replays the
+  changes from the watermark offsets (history drops those it already has); then current
+  and the open versions are compared: changed or new rows open a version (``_cdc_op =
+  'r'``), open keys current lacks are closed. A correction is positioned just after the
+  key's newest known position (so the key's next streamed change follows it), a key new
+  to history below every streamed change; it is valid from the watermark time or, if
+  later, the key's last known time.
 * **TOAST.** An unchanged TOASTed column keeps the previous version's value.
 * **Truncate.** Closes every open version older than it.
 """
@@ -48,6 +51,9 @@ class HistoryResult:
     versions_opened: int
     versions_closed: int
 
+    def plus(self, other: HistoryResult) -> HistoryResult:
+        return HistoryResult(self.versions_opened + other.versions_opened, self.versions_closed + other.versions_closed)
+
 
 def ensure_history_table(spark: SparkSession, path: str, row_type: StructType) -> None:
     from delta.tables import DeltaTable
@@ -60,34 +66,51 @@ def ensure_history_table(spark: SparkSession, path: str, row_type: StructType) -
 
 
 def snapshot_events(
-    spark: SparkSession, path: str, snapshot: DataFrame, keys: list[str], watermark_lsn: int, taken_at: str
+    spark: SparkSession, path: str, rows: DataFrame, keys: list[str], watermark_lsn: int, taken_at: str
 ) -> DataFrame:
-    """A generation as history events: changed/new rows as ``r``, vanished open keys as ``d``,
-    all at the watermark position (so rows the changelog already moved past are ignored)."""
+    """Corrections that make history's open versions equal ``rows``: changed/new rows as
+    ``r``, vanished open keys as ``d``, each just after its key's newest known position
+    (``(0, watermark LSN)`` for a key new to history)."""
     from pyspark.sql import functions as F
 
-    columns = snapshot.columns
-    open_rows = spark.read.format("delta").load(path).where("is_current").select(*columns)
-    changed = snapshot.exceptAll(open_rows)
-    present = snapshot.select(*keys).alias("s")
+    columns = rows.columns
+    history = spark.read.format("delta").load(path)
+    open_rows = history.where("is_current").select(*columns)
+    changed = rows.exceptAll(open_rows)
+    present = rows.select(*keys).alias("s")
     vanished = (
         open_rows.alias("o")
         .join(present, on=[F.col(f"o.`{k}`").eqNullSafe(F.col(f"s.`{k}`")) for k in keys], how="left_anti")
         .select(*[F.col(f"o.`{c}`") for c in columns])
     )
+    newest = F.struct(
+        F.coalesce("_cdc_end_commit_lsn", "_cdc_commit_lsn").alias("c"),
+        F.coalesce("_cdc_end_lsn", "_cdc_lsn").alias("l"),
+    )
+    last = history.groupBy(*[F.col(k).alias(f"__last_{k}") for k in keys]).agg(
+        F.max(newest).alias("__last"), F.max(F.coalesce("valid_to", "valid_from")).alias("__last_ts")
+    )
     at = F.to_timestamp(F.lit(taken_at))
     image = F.struct(*[F.col(c) for c in columns])
     common = [
-        F.lit(watermark_lsn).cast("long").alias("commit_lsn"),
-        F.lit(0).cast("long").alias("lsn"),
+        F.coalesce(F.col("__last.c"), F.lit(0)).cast("long").alias("commit_lsn"),
+        F.coalesce(F.col("__last.l") + 1, F.lit(watermark_lsn)).cast("long").alias("lsn"),
         F.lit(-1).alias("kafka_partition"),
         F.lit(-1).cast("long").alias("kafka_offset"),
-        at.alias("source_ts"),
+        F.greatest(at, F.coalesce(F.col("__last_ts"), at)).alias("source_ts"),
         F.lit(None).cast("array<string>").alias("unavailable"),
     ]
-    null_image = F.lit(None).cast(snapshot.schema)
-    reads = changed.select(F.lit("r").alias("op"), *common, null_image.alias("before"), image.alias("after"))
-    gone = vanished.select(F.lit("d").alias("op"), *common, image.alias("before"), null_image.alias("after"))
+    null_image = F.lit(None).cast(rows.schema)
+
+    def positioned(frame: DataFrame) -> DataFrame:
+        return frame.join(last, on=[F.col(f"`{k}`").eqNullSafe(F.col(f"__last_{k}")) for k in keys], how="left")
+
+    reads = positioned(changed).select(
+        F.lit("r").alias("op"), *common, null_image.alias("before"), image.alias("after")
+    )
+    gone = positioned(vanished).select(
+        F.lit("d").alias("op"), *common, image.alias("before"), null_image.alias("after")
+    )
     return reads.unionByName(gone)
 
 

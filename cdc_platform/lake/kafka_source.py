@@ -11,7 +11,7 @@ does not know come out in ``unknown_columns`` (a schema change to register).
 Options (strings): ``topic``, ``ranges`` (JSON ``[[partition, start, end], …]``),
 ``schema`` (the table's ``TableSchema`` JSON), ``client_config`` and
 ``secret_options_env`` (``kafka.clients.worker_options``: secrets are read in the worker
-by name, never in Spark's plan), ``decimal_handling``.
+by name, never in Spark's plan), ``encoding`` (the producer's value representation).
 
 This module runs in Spark's Python workers: it must not import the ledger (delta-rs'
 runtime does not survive the workers' fork).
@@ -39,6 +39,7 @@ from pyspark.sql.types import (
 )
 
 from cdc_platform.envelope.changes import ChangeDecodeError, LakeColumnSpec, decode_record
+from cdc_platform.envelope.encoding import ValueEncoding
 from cdc_platform.kafka.clients import worker_consumer
 from cdc_platform.model.tables import TableSchema
 
@@ -129,9 +130,9 @@ class KafkaRangeReader(DataSourceReader):
         options = self.options
         schema = TableSchema.from_json(options["schema"])
         columns = [LakeColumnSpec(c.name, c.pgtype, c.typmod, c.dims) for c in schema.columns]
-        decimal_handling = options.get("decimal_handling", "precise")
+        encoding = ValueEncoding.from_option(options.get("encoding"))
         for partition_no, offset, timestamp, key, value in consume_range(options, options["topic"], partition):
-            yield _row(partition_no, offset, timestamp, key, value, columns, decimal_handling)
+            yield _row(partition_no, offset, timestamp, key, value, columns, encoding)
 
 
 def consume_range(options: dict[str, str], topic: str, part: KafkaRange) -> Iterator[tuple[int, int, Any, Any, Any]]:
@@ -171,11 +172,11 @@ def _arrow_batch(pa: Any, schema: Any, rows: list[tuple[Any, ...]]) -> Any:
 
 def _row(
     partition: int, offset: int, timestamp: tuple[int, int], key: bytes | None, value: bytes | None,
-    columns: list[LakeColumnSpec], decimal_handling: str,
+    columns: list[LakeColumnSpec], encoding: ValueEncoding,
 ) -> tuple[Any, ...]:  # fmt: skip
     kafka_ts = datetime.fromtimestamp(timestamp[1] / 1000, UTC) if timestamp[0] else None
     try:
-        change = decode_record(key, value, columns, decimal_handling)
+        change = decode_record(key, value, columns, encoding)
     except ChangeDecodeError as exc:
         key_text = key.decode(errors="replace") if key is not None else None
         return (partition, offset, kafka_ts, None, False, None, None, None, None, key_text, None, None, None, None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cdc_platform.config.model import PlatformConfig, TableConfig
+from cdc_platform.envelope.encoding import ValueEncoding
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,7 @@ class LakeTable:
     config: TableConfig
     lake_root: str
     topic: str
-    decimal_handling: str  # how the source's producer writes decimals (Debezium's decimal.handling.mode)
+    encoding: ValueEncoding  # how the topic's producer writes values (Debezium's representation settings)
 
     @property
     def root(self) -> str:
@@ -59,8 +60,8 @@ class LakeTable:
 
 
 def lake_table(config: PlatformConfig, table: TableConfig) -> LakeTable:
-    decimal_handling = config.sources[table.source].decimal_handling
-    return LakeTable(table, config.lake.root, config.topic_for(table), decimal_handling)
+    encoding = config.sources[table.source].value_encoding()
+    return LakeTable(table, config.lake.root, config.topic_for(table), encoding)
 
 
 def lake_tables(config: PlatformConfig) -> list[LakeTable]:

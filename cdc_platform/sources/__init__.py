@@ -43,14 +43,14 @@ def open_source(config: PlatformConfig, name: str, kafka: KafkaClients | None = 
     kafka = kafka or KafkaClients(config.kafka)
     tables = [t for t in config.tables if t.source == name]
     topics = {t.key: config.topic_for(t) for t in tables}
-    prefix = source.topic_prefix or name
+    prefix = source.prefix(name)
     if isinstance(source, PostgresSource):
         from cdc_platform.sources.postgres.source import PostgresConnector
         from cdc_platform.sources.postgres.stream import PostgresEndpoint
 
         endpoint = PostgresEndpoint(
-            name, source, tables, topics, slot=source.slot_name or f"cdc_{name}",
-            publication=source.publication or f"cdc_{name}", heartbeat_topic=f"__debezium-heartbeat.{prefix}",
+            name, source, tables, topics, slot=source.slot(name),
+            publication=source.publication_name(name), heartbeat_topic=f"__debezium-heartbeat.{prefix}",
             server_name=prefix,
         )  # fmt: skip
         return PostgresConnector(endpoint, kafka)

@@ -51,7 +51,7 @@ def test_current_equals_source_after_a_mixed_workload(env: CaptureEnv, spark: An
         assert not second.rebuilt and second.changes_applied > 0
         assert not second.waiting_for
 
-    _assert_current_equals_source(lake, keys)
+    assert_current_equals_source(lake, keys)
 
     # a new generation (a rehydration) taken while the workload runs: current rebuilds from
     # it and then follows the changelog after its watermark
@@ -61,7 +61,7 @@ def test_current_equals_source_after_a_mixed_workload(env: CaptureEnv, spark: An
         lake.window(key, t_end, t_next)
         third = lake.current(key)
         assert third.rebuilt and third.generation == "g2"
-    _assert_current_equals_source(lake, keys)
+    assert_current_equals_source(lake, keys)
 
 
 def _generation_during_workload(
@@ -82,12 +82,12 @@ def _generation_during_workload(
     time.sleep(1.1)
 
 
-def _assert_current_equals_source(lake: Lake, keys: list[str]) -> None:
+def assert_current_equals_source(lake: Lake, keys: list[str], at_least: int = 100) -> None:
     for key in keys:
         truth, current = lake.truth(key), lake.read_current(key)
         missing = truth.exceptAll(current)
         extra = current.exceptAll(truth)
-        assert truth.count() > 100
+        assert truth.count() > at_least
         assert (missing.count(), extra.count()) == (0, 0), (missing.limit(5).collect(), extra.limit(5).collect())
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from cdc_platform.envelope.changes import ChangeDecodeError, LakeColumnSpec, decode_record
 from cdc_platform.envelope.debezium import ColumnSpec, EnvelopeCodec, SourcePosition, TableShape
+from cdc_platform.envelope.encoding import ValueEncoding
 from cdc_platform.envelope.pgoutput import UNCHANGED_TOAST
 from cdc_platform.envelope.pgtypes import PgType, builtin_type
 
@@ -128,9 +129,9 @@ def test_truncate_and_string_decimals() -> None:
     price = [LakeColumnSpec("p", t(1700), NUMERIC_12_2)]
     value = json.dumps({"op": "c", "source": SOURCE, "after": {"p": "1234"}}).encode()
     # "1234" is also valid base64: the source's decimal_handling decides, never the value
-    assert decode_record(None, value, price, decimal_handling="string").after == {"p": Decimal("1234")}
+    assert decode_record(None, value, price, ValueEncoding(decimal="string")).after == {"p": Decimal("1234")}
     # base64 "1234" = bytes d7 6d f8 = -2658824 unscaled, scale 2
-    assert decode_record(None, value, price, decimal_handling="precise").after == {"p": Decimal("-26588.24")}
+    assert decode_record(None, value, price, ValueEncoding(decimal="precise")).after == {"p": Decimal("-26588.24")}
 
 
 @pytest.mark.parametrize(
@@ -150,3 +151,39 @@ def test_truncate_and_string_decimals() -> None:
 def test_undecodable_records_name_the_reason(value: bytes, reason: str) -> None:
     with pytest.raises(ChangeDecodeError, match=reason):
         decode_record(b'{"id":1}', value, CUSTOMERS)
+
+
+# one row per Debezium representation setting the lake accepts: (encoding, column type, typmod,
+# what Debezium writes, the lake value the platform's capture gives for the same source value)
+REPRESENTATION_CASES = [
+    (ValueEncoding(time_precision="adaptive"), 1114, 3, 1_700_000_000_123, datetime(2023, 11, 14, 22, 13, 20, 123000)),
+    (ValueEncoding(time_precision="adaptive"), 1114, -1, 1_700_000_000_123_456,
+     datetime(2023, 11, 14, 22, 13, 20, 123456)),
+    (ValueEncoding(time_precision="adaptive"), 1083, 3, 45_296_789, "12:34:56.789"),
+    (ValueEncoding(time_precision="adaptive_time_microseconds"), 1083, 3, 45_296_789_000, "12:34:56.789"),
+    (ValueEncoding(time_precision="adaptive_time_microseconds"), 1114, 0, 1_700_000_000_000,
+     datetime(2023, 11, 14, 22, 13, 20)),
+    (ValueEncoding(binary="hex"), 17, -1, "00ff10", b"\x00\xff\x10"),
+    (ValueEncoding(binary="base64-url-safe"), 17, -1, "AP8Q_-8", b"\x00\xff\x10\xff\xef"),
+    (ValueEncoding(binary="base64"), 17, -1, "AP8Q", b"\x00\xff\x10"),
+    (ValueEncoding(decimal="string"), 1700, NUMERIC_12_2, "-26588.24", Decimal("-26588.24")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("encoding", "oid", "typmod", "written", "expected"), REPRESENTATION_CASES)
+def test_each_debezium_representation_decodes_to_the_platforms_lake_value(
+    encoding: ValueEncoding, oid: int, typmod: int, written: object, expected: object
+) -> None:
+    column = [LakeColumnSpec("v", t(oid), typmod)]
+    value = json.dumps({"op": "c", "source": SOURCE, "after": {"v": written}}).encode()
+    assert decode_record(None, value, column, encoding).after == {"v": expected}
+
+
+def test_an_unavailable_bytea_is_recognised_in_every_binary_mode() -> None:
+    column = [LakeColumnSpec("v", t(17), -1)]
+    for mode in ("bytes", "base64", "base64-url-safe", "hex"):
+        encoding = ValueEncoding(binary=mode)  # type: ignore[arg-type]
+        placeholder = encoding.binary_text(b"__debezium_unavailable_value")
+        value = json.dumps({"op": "u", "source": SOURCE, "after": {"v": placeholder}}).encode()
+        row = decode_record(None, value, column, encoding)
+        assert row.unavailable == ["v"], mode

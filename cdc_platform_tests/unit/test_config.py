@@ -224,3 +224,79 @@ def test_config_path_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     path = write(tmp_path, VALID)
     monkeypatch.setenv("CDC_PLATFORM_CONFIG", str(path))
     assert load_config().tables[0].key == "shop.public.customers"
+
+
+DEBEZIUM_SOURCE = """\
+    producer:
+      kind: debezium
+      connector: shop-connector
+      settings:
+        snapshot.mode: no_data
+        skipped.operations: none
+        interval.handling.mode: string
+        plugin.name: pgoutput
+"""
+
+
+def with_debezium(settings: str = "") -> str:
+    text = VALID.replace(
+        "    password_env: TEST_PG_PASSWORD\n", "    password_env: TEST_PG_PASSWORD\n" + DEBEZIUM_SOURCE + settings
+    )
+    return text.replace("  bootstrap_servers:", "  cleanup_policy: delete\n  bootstrap_servers:")
+
+
+def test_a_debezium_producer_is_read_with_its_representation(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, with_debezium("        time.precision.mode: adaptive_time_microseconds\n")))
+    source = config.sources["shop"]
+    assert source.value_encoding().time_precision == "adaptive_time_microseconds"
+    # Debezium's defaults name the slot and publication the lake's advice must name
+    assert (source.slot("shop"), source.publication_name("shop")) == ("debezium", "dbz_publication")
+
+
+@pytest.mark.parametrize(
+    ("setting", "named_fix"),
+    [
+        ("        interval.handling.mode: numeric\n", "interval.handling.mode=string"),
+        ("        decimal.handling.mode: double\n", "decimal.handling.mode=precise"),
+        ("        time.precision.mode: connect\n", "time.precision.mode=adaptive_time_microseconds"),
+        ("        hstore.handling.mode: map\n", "hstore.handling.mode=json"),
+        ("        snapshot.mode: initial\n", "snapshot.mode=no_data"),
+        ("        skipped.operations: t\n", "skipped.operations=none"),
+        ("        column.truncate.to.20.chars: public.t.c\n", "not a setting the lake reads"),
+    ],
+)
+def test_a_debezium_setting_that_changes_values_is_refused_with_the_fix(
+    tmp_path: Path, setting: str, named_fix: str
+) -> None:
+    text = with_debezium()
+    key = setting.strip().split(":")[0]
+    text = "\n".join(line for line in text.splitlines() if not line.strip().startswith(key + ":")) + "\n"
+    text = text.replace("        plugin.name: pgoutput\n", "        plugin.name: pgoutput\n" + setting)
+    [problem] = problems(tmp_path, text)
+    assert named_fix in problem
+
+
+def test_debezium_defaults_the_lake_cannot_take_must_be_set(tmp_path: Path) -> None:
+    text = with_debezium().replace("        interval.handling.mode: string\n", "")
+    [problem] = problems(tmp_path, text)
+    assert "interval.handling.mode=numeric (Debezium's default) is refused" in problem
+
+
+def test_interval_handling_numeric_is_refused_not_ignored(tmp_path: Path) -> None:
+    text = VALID.replace(
+        "    password_env: TEST_PG_PASSWORD\n", "    password_env: TEST_PG_PASSWORD\n    interval_handling: numeric\n"
+    )
+    [problem] = problems(tmp_path, text)
+    assert "interval_handling: numeric is not read by the lake" in problem
+
+
+def test_debezium_needs_topics_that_accept_keyless_truncates(tmp_path: Path) -> None:
+    text = with_debezium().replace("  cleanup_policy: delete\n", "")
+    [problem] = problems(tmp_path, text)
+    assert "kafka.cleanup_policy: delete" in problem
+
+
+def test_capture_settings_are_refused_for_a_debezium_source(tmp_path: Path) -> None:
+    text = with_debezium().replace("    producer:\n", "    decimal_handling: string\n    producer:\n")
+    [problem] = problems(tmp_path, text)
+    assert "producer.settings" in problem

@@ -22,6 +22,8 @@ class StackProfile:
     kafka_port: int
     controller_port: int
     mariadb_port: int
+    # Kafka Connect's REST port (the Debezium producer; started on demand, see stack/connect.py)
+    connect_port: int
     # fsync off makes the throwaway test cluster several times faster; never for dev data
     pg_fsync: bool = True
 
@@ -46,11 +48,23 @@ class StackProfile:
     def kafka_bootstrap(self) -> str:
         return f"127.0.0.1:{self.kafka_port}"
 
+    @property
+    def connect_url(self) -> str:
+        return f"http://127.0.0.1:{self.connect_port}"
+
 
 PROFILES = {
-    "dev": StackProfile("dev", pg_port=5433, kafka_port=9092, controller_port=9093, mariadb_port=3307),
+    "dev": StackProfile(
+        "dev", pg_port=5433, kafka_port=9092, controller_port=9093, mariadb_port=3307, connect_port=8083
+    ),
     "test": StackProfile(
-        "test", pg_port=5434, kafka_port=9192, controller_port=9193, mariadb_port=3308, pg_fsync=False
+        "test",
+        pg_port=5434,
+        kafka_port=9192,
+        controller_port=9193,
+        mariadb_port=3308,
+        connect_port=8183,
+        pg_fsync=False,
     ),
 }
 

@@ -6,6 +6,7 @@ import os
 import secrets
 from dataclasses import dataclass
 
+from cdc_platform.devtools.stack.connect import LocalConnect
 from cdc_platform.devtools.stack.kafka import KafkaError, LocalKafka
 from cdc_platform.devtools.stack.mariadb import MARIADB_PASSWORD_ENVS, LocalMariaDB, MariaDBError
 from cdc_platform.devtools.stack.postgres import PASSWORD_ENVS, LocalPostgres, PostgresError
@@ -65,6 +66,8 @@ def stack_up(profile: StackProfile) -> UpResult:
 
 def stack_down(profile: StackProfile) -> list[str]:
     stopped = []
+    if LocalConnect(profile).down():  # before Kafka: it is Kafka's client
+        stopped.append("connect")
     if LocalKafka(profile).down():
         stopped.append("kafka")
     if LocalPostgres(profile).down():

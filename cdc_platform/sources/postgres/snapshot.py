@@ -1,10 +1,12 @@
 """A PostgreSQL table's snapshot plan: watermark first, then one MVCC snapshot for every reader.
 
 Order matters for correctness:
-1. the **watermark** (source LSN, then Kafka end offsets) is taken *before* the snapshot,
-   so every transaction committed after the watermark is either in the snapshot or not,
-   and is in the changelog after the watermark either way — re-applying a full row image
-   that the snapshot already holds changes nothing, missing one would lose it;
+1. the **watermark** (Kafka end offsets, then the source LSN) is taken *before* the
+   snapshot: every change in Kafka before those offsets is in the snapshot, and current
+   replays every change after them (``lake/current.py``, the watermark rule) — replaying
+   what the snapshot holds converges, missing one would lose it. The LSN is read after
+   the offsets so that a truncate after it is known not to be in the snapshot's past
+   records (every record before the offsets has a lower LSN);
 2. a coordinator transaction (REPEATABLE READ) exports its MVCC snapshot, and every
    Spark JDBC partition joins it (``SET TRANSACTION SNAPSHOT``): all partitions see one
    consistent state, and the coordinator counts the rows of that same state;
@@ -51,7 +53,8 @@ def snapshot_plan(
 ) -> Iterator[SnapshotPlan]:
     """Holds the coordinator's exported snapshot open while the caller reads the plan."""
     with endpoint.connect("snapshot") as coordinator:
-        watermark = Watermark(current_wal_position(coordinator), kafka.end_offsets(topic), datetime.now(UTC))
+        offsets = kafka.end_offsets(topic)  # first: see the module docstring
+        watermark = Watermark(current_wal_position(coordinator), offsets, datetime.now(UTC))
         coordinator.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         exported = coordinator.execute("SELECT pg_export_snapshot()").fetchone()
         assert exported is not None

@@ -26,6 +26,13 @@ from cdc_platform.sources.base import (
     Source,
 )
 from cdc_platform.sources.postgres.catalog import count_rows
+from cdc_platform.sources.postgres.producer import (
+    debezium_of,
+    lost_slot_advice,
+    producer_label,
+    refuse_platform_capture,
+    start_producer_advice,
+)
 from cdc_platform.sources.postgres.slot import SlotState, create_slot, current_wal_position, drop_slot, read_slot
 from cdc_platform.sources.postgres.snapshot import describe, jdbc_read, snapshot_plan
 from cdc_platform.sources.postgres.stream import PostgresCapture, PostgresEndpoint, last_heartbeat
@@ -72,6 +79,11 @@ class PostgresConnector(Source):
         return jdbc_read(self.endpoint, described, keyed, ["TRUE"], None)
 
     def capture(self, settings: CaptureSettings) -> PostgresCapture:
+        refused = refuse_platform_capture(self.endpoint)
+        if refused:
+            from cdc_platform.model.errors import FatalError
+
+            raise FatalError(refused, reason="producer_is_debezium")
         return PostgresCapture(self.endpoint, self.kafka, settings)
 
     def status(self) -> dict[str, object]:
@@ -85,6 +97,9 @@ class PostgresConnector(Source):
             "lag_seconds_at_last_heartbeat": heartbeat.get("lag_seconds") if heartbeat else None,
             "remembered_slot": heartbeat.get("slot") if heartbeat else None,  # capture confirmed with this slot
         }
+        last["producer"] = producer_label(self.endpoint)
+        if debezium_of(self.endpoint):  # Debezium's heartbeat records carry only a time
+            last["advice_if_stalled"] = start_producer_advice(self.endpoint)
         if slot is None:
             return {"slot": self.endpoint.slot, "exists": False, **last}
         return {
@@ -109,6 +124,10 @@ class PostgresConnector(Source):
             slot = read_slot(conn, self.endpoint.slot)
             if slot is not None and slot.wal_status != "lost":
                 return f"replication slot {slot.name} exists"
+            if debezium_of(self.endpoint):
+                from cdc_platform.model.errors import RetriableError
+
+                raise RetriableError(lost_slot_advice(self.endpoint), reason="source_position_lost")
             if slot is not None:
                 if slot.active_pid is not None:
                     from cdc_platform.model.errors import FatalError
@@ -146,8 +165,7 @@ class PostgresConnector(Source):
                 if time.monotonic() > deadline:
                     return (
                         f"capture has not confirmed {format_lsn(position)} (slot {self.endpoint.slot} at "
-                        f"{format_lsn(confirmed)}); is capture running? start it: "
-                        f"cdc-platform capture run --source {self.name}"
+                        f"{format_lsn(confirmed)}); {start_producer_advice(self.endpoint)}"
                     )
                 time.sleep(WAIT_POLL_S)
 
