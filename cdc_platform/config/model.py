@@ -432,6 +432,16 @@ class ErrorsConfig(_Strict):
     )
 
 
+class CompletenessConfig(_Strict):
+    max_in_flight_offsets: int = Field(
+        default=200_000,
+        ge=0,
+        description="The completeness check compares current with the source except for the keys changed in the "
+        "Kafka span it cannot pin (current's frontier and the source read to the end of the topic); it reads that "
+        "span's keys, and above this many offsets it reports 'not compared' instead.",
+    )
+
+
 class TableConfig(_Strict):
     """One captured table: ``<source>.<schema>.<table>``."""
 
@@ -449,6 +459,7 @@ class TableConfig(_Strict):
     changelog: ChangelogConfig = Field(default_factory=ChangelogConfig)
     compatibility: CompatibilityMode = CompatibilityMode.BACKWARD
     errors: ErrorsConfig = Field(default_factory=ErrorsConfig)
+    completeness: CompletenessConfig = Field(default_factory=CompletenessConfig)
     history: bool = Field(
         default=False, description="Also keep an SCD2 history table (valid_from / valid_to / is_current)."
     )

@@ -9,6 +9,7 @@ from typing import Any
 from cdc_platform.config import PlatformConfig
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.changelog import WindowResult, materialize_window
+from cdc_platform.lake.checks import CompletenessInputs, CompletenessReport, check_completeness
 from cdc_platform.lake.current import CurrentResult, apply_current
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.schema_registry import evaluate_schema
@@ -71,3 +72,12 @@ class Lake:
         from cdc_platform.lake.current import POSITION_COLUMNS
 
         return self.spark.read.format("delta").load(self.table(key).current_path).drop(*POSITION_COLUMNS)
+
+    def completeness(self, key: str, applied: CurrentResult, current: Any = None) -> CompletenessReport:
+        """The completeness check as the current asset runs it after ``applied``, on
+        ``current`` (default: current as it is now)."""
+        committed = self.ledger.committed(key)
+        assert committed is not None, f"{key} has no committed generation"
+        frame = self.read_current(key) if current is None else current
+        inputs = CompletenessInputs(frame, committed, applied.frontier, applied.applied_position)
+        return check_completeness(self.spark, self.ledger, self.source(key), self.kafka, self.table(key), inputs)

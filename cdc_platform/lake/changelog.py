@@ -120,6 +120,15 @@ def read_ranges(
 ) -> DataFrame:
     from pyspark.sql import functions as F
 
+    spans = [(r.partition, r.start, r.end) for r in window.ranges]
+    return read_offsets(spark, kafka, table, spans, schema).withColumn("window_start", F.lit(window.key))
+
+
+def read_offsets(
+    spark: SparkSession, kafka: KafkaClients, table: LakeTable, spans: list[tuple[int, int, int]],
+    schema: TableSchema,
+) -> DataFrame:  # fmt: skip
+    """The decoded change rows of the table's topic in ``[partition, start, end)`` spans."""
     from cdc_platform.lake.kafka_source import KafkaRangeDataSource, change_schema
 
     spark.dataSource.register(KafkaRangeDataSource)
@@ -127,16 +136,10 @@ def read_ranges(
         "topic": table.topic,
         "schema": schema.to_json(),
         "encoding": table.encoding.to_option(),
-        "ranges": json.dumps([[r.partition, r.start, r.end] for r in window.ranges]),
+        "ranges": json.dumps([list(span) for span in spans]),
         **worker_options(kafka.kafka),
     }
-    return (
-        spark.read.format("cdc_kafka_range")
-        .schema(change_schema(row_type(schema)))
-        .options(**options)
-        .load()
-        .withColumn("window_start", F.lit(window.key))
-    )
+    return spark.read.format("cdc_kafka_range").schema(change_schema(row_type(schema))).options(**options).load()
 
 
 def _write_window(spark: SparkSession, table: LakeTable, window: WindowPlan, frame: DataFrame) -> WindowResult:

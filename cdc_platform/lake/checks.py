@@ -9,12 +9,13 @@ Dagster edge turns it into an ``AssetCheckResult``.
   schema validate current (types, nullability, key columns).
 * **completeness** — recorded changelog ranges cover every offset from the generation's
   watermark (no holes, ``model.coverage``); dead letters per window within
-  ``errors.dead_letter_threshold``; and, when the position allows an exact comparison,
-  current reconciles with the source (row count and an order-independent checksum of
-  all columns; samples of missing/extra keys). Exact means: capture has confirmed
-  everything the source had committed when it was read, current has applied everything
-  in Kafka, and nothing applied is newer than the read. A source that cannot see hard
-  deletes (polling) has its keys compared instead.
+  ``errors.dead_letter_threshold``; the topic is fed (``model.feeds``: the source's own
+  count of rows written moved, the producer confirmed past it, and the topic got
+  nothing is a failure naming the likely cause); and current reconciles with one
+  consistent read of the source, row by row (rows compared, missing, extra, differing,
+  with samples), leaving out only the keys with an event in the Kafka span the read
+  cannot pin (``model.coverage.in_flight_ranges``), so busy tables get a verdict too.
+  A source that cannot see hard deletes (polling) has its keys compared instead.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from cdc_platform.kafka.clients import KafkaClients
@@ -29,7 +31,8 @@ from cdc_platform.lake.lake_types import lake_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.snapshot import read_jdbc, scratch_copy
 from cdc_platform.lake.tables import LakeTable
-from cdc_platform.model.coverage import behind, walk
+from cdc_platform.model.coverage import in_flight_ranges, walk
+from cdc_platform.model.feeds import FeedObservation, feed_verdict
 from cdc_platform.model.generations import Generation
 from cdc_platform.model.tables import TableSchema
 from cdc_platform.sources.base import Source
@@ -151,19 +154,27 @@ class CompletenessReport:
     compare_note: str
     current_rows: int = 0
     source_rows: int = 0
-    missing: int = 0
-    extra: int = 0
-    checksum_equal: bool = True
+    compared_rows: int = 0  # keys both sides hold, outside the in-flight span
+    missing: int = 0  # in the source, not in current
+    extra: int = 0  # in current, not in the source
+    differing: int = 0  # in both, some column differs
+    in_flight_keys: int = 0  # keys left out: changed in the span the read could not pin
+    in_flight_offsets: int = 0
     sample: list[str] = field(default_factory=list)
     # sources that cannot see hard deletes: keys current holds that the source no longer has
     deleted_in_source: int = 0
+    # is the topic fed? rows the source wrote, and events the topic got, since the last reading
+    source_changes: int | None = None
+    topic_events: int | None = None
+    unfed: str = ""
 
     @property
     def passed(self) -> bool:
         return (
             not self.holes
+            and not self.unfed
             and self.max_dead_letters_per_window <= self.dead_letter_threshold
-            and (not self.compared or (self.checksum_equal and not self.missing and not self.extra))
+            and (not self.compared or not (self.missing or self.extra or self.differing))
         )
 
 
@@ -191,10 +202,34 @@ def check_completeness(
         table.config.errors.dead_letter_threshold, False, "", inputs.current.count(),
     )  # fmt: skip
     if source.capabilities.sees_hard_deletes:
-        _reconcile(spark, source, kafka, table, inputs, report)
+        written = source.rows_written(table.config)  # before the read: the wait below covers it
+        captured = _reconcile(spark, source, kafka, table, inputs, report)
+        if written is not None:
+            check_feed(ledger, kafka, table, report, written, captured, source.unfed_cause(table.config))
     else:
         _hard_deletes(spark, source, table, inputs, report)
     return report
+
+
+def check_feed(
+    ledger: Ledger, kafka: KafkaClients, table: LakeTable, report: CompletenessReport, written: int, captured: bool,
+    cause: str,
+) -> None:  # fmt: skip
+    """Is the topic fed (``model.feeds``)? ``written`` is the source's rows-written counter,
+    read before a source position the producer has confirmed when ``captured``; the
+    topic's end offsets are read now; the reading is judged against the last confirmed
+    one in the ledger. An unfed reading is not recorded, so the check keeps failing until
+    the topic receives the table's changes."""
+    now = FeedObservation(datetime.now(UTC), written, kafka.end_offsets(table.topic), captured)
+    before = ledger.last_feed(table.key)
+    verdict = feed_verdict(before, now)
+    if verdict is not None:
+        report.source_changes, report.topic_events = verdict.source_changes, verdict.topic_events
+    if verdict is not None and verdict.unfed:
+        assert before is not None
+        report.unfed = f"topic {table.topic} is not fed: {verdict.describe(before.at)}; {cause}"
+    elif captured and (before is None or (before.source_changes, dict(before.topic_end)) != (written, now.topic_end)):
+        ledger.record_feed(table.key, now)
 
 
 def _dead_letters(spark: SparkSession, table: LakeTable) -> tuple[int, int]:
@@ -226,42 +261,120 @@ def _hard_deletes(
 def _reconcile(
     spark: SparkSession, source: Source, kafka: KafkaClients, table: LakeTable, inputs: CompletenessInputs,
     report: CompletenessReport,
-) -> None:  # fmt: skip
-    if unapplied := behind(inputs.frontier, kafka.end_offsets(table.topic)):
-        report.compare_note = f"Kafka holds {unapplied} offsets current has not applied yet"  # cheap test first
-        return
+) -> bool:  # fmt: skip
+    """Current against one consistent read of the source, row by row, except the keys with
+    an event in the span neither side is sure to hold (``model.coverage.in_flight_ranges``):
+    so a table that never stops changing still gets a verdict, and a lost change to any
+    other key is found. Cost: one source read per evaluation, plus decoding the in-flight
+    span, capped by ``completeness.max_in_flight_offsets``. True when the producer
+    confirmed a source position taken after the read."""
     with scratch_copy(spark, source, kafka, table, "reconcile") as (truth, plan):
-        read_at = plan.watermark.position  # read just before the source snapshot began
         after_read = source.position()
-        if source.wait_until_captured(after_read, time.monotonic() + CAPTURE_WAIT_S):
-            report.compare_note = "capture has not confirmed everything the source had committed; compare later"
-            return
-        if unapplied := behind(inputs.frontier, kafka.end_offsets(table.topic)):
-            report.compare_note = f"Kafka holds {unapplied} offsets current has not applied yet"
-            return
-        if inputs.applied_position > read_at:
-            report.compare_note = "current applied changes newer than the source read; compare when quiet"
-            return
-        _compare(truth, inputs.current, list(plan.schema.key), report)
+        if why := source.wait_until_captured(after_read, time.monotonic() + CAPTURE_WAIT_S):
+            report.compare_note = f"not compared: {why}"
+            return False
+        spans = in_flight_ranges(inputs.frontier, plan.watermark.kafka_end_offsets, kafka.end_offsets(table.topic))
+        report.in_flight_offsets = sum(end - start for _, start, end in spans)
+        cap = table.config.completeness.max_in_flight_offsets
+        if report.in_flight_offsets > cap:
+            report.compare_note = (
+                f"not compared: {report.in_flight_offsets} offsets in flight (current's frontier or the source read "
+                f"to the end of the topic) exceed completeness.max_in_flight_offsets={cap}; apply current more "
+                "often, or raise the cap"
+            )
+            return True
+        keys = list(plan.schema.key)
+        moved = _in_flight_keys(spark, kafka, table, spans, plan.schema)
+        if moved is None:
+            report.compare_note = "not compared: a truncate is in flight; compare after it is applied"
+            return True
+        _compare(truth, inputs.current, keys, moved, report)
+    return True
 
 
-def _compare(source: DataFrame, current: DataFrame, keys: list[str], report: CompletenessReport) -> None:
+def _in_flight_keys(
+    spark: SparkSession, kafka: KafkaClients, table: LakeTable, spans: list[tuple[int, int, int]],
+    schema: TableSchema,
+) -> DataFrame | None:  # fmt: skip
+    """The keys (old and new) of every event in ``spans``, cached; None when a truncate is
+    among them (every key is in flight then)."""
+    from pyspark.sql import functions as F
+
+    from cdc_platform.lake.changelog import read_offsets
+
+    keys = list(schema.key)
+    events = read_offsets(spark, kafka, table, spans, schema)
+    images = [events.select(*[F.col(image).getField(k).alias(k) for k in keys]) for image in ("before", "after")]
+    summary = events.agg(F.max(F.when(F.col("op") == "t", 1).otherwise(0)).alias("t")).first()
+    if summary is not None and summary["t"] == 1:
+        return None
+    moved = images[0].unionByName(images[1]).dropna(how="all").distinct()
+    return moved.cache()
+
+
+@dataclass
+class RowComparison:
+    """Two tables of one shape, row by row by key."""
+
+    compared: int = 0  # keys both sides hold
+    missing: int = 0  # in the source, not in current
+    extra: int = 0  # in current, not in the source
+    differing: int = 0  # in both, some column differs
+    sample: list[str] = field(default_factory=list)
+
+
+def compare_rows(
+    source: DataFrame, current: DataFrame, keys: list[str], leave_out: DataFrame | None = None
+) -> RowComparison:
+    """``source`` against ``current`` (its columns) by key, except the keys in
+    ``leave_out``: a hash of every column on each side, with a null marker per column so
+    a value moved between columns is a difference. Samples: 'missing'/'extra'/'differs'."""
     from pyspark.sql import functions as F
 
     columns = list(source.columns)
-    mine = current.select(*[f"`{c}`" for c in columns])
-    checksum = F.sum(F.xxhash64(*[F.col(f"`{c}`") for c in columns]).cast("decimal(38,0)"))
-    a = source.agg(F.count(F.lit(1)).alias("n"), checksum.alias("h")).first()
-    b = mine.agg(F.count(F.lit(1)).alias("n"), checksum.alias("h")).first()
-    assert a is not None and b is not None
+
+    def hashed(frame: DataFrame) -> DataFrame:
+        kept = frame if leave_out is None else frame.join(leave_out, keys, "left_anti")
+        parts = [p for c in columns for p in (F.col(f"`{c}`"), F.col(f"`{c}`").isNull())]
+        return kept.select(*[f"`{k}`" for k in keys], F.xxhash64(*parts).alias("_row_hash"))
+
+    left = hashed(source).withColumnRenamed("_row_hash", "_source")
+    right = hashed(current.select(*[f"`{c}`" for c in columns])).withColumnRenamed("_row_hash", "_current")
+    joined = left.join(right, keys, "full_outer").cache()
+    try:
+        verdict = F.when(F.col("_current").isNull(), "missing").when(F.col("_source").isNull(), "extra")
+        verdict = verdict.when(F.col("_source") != F.col("_current"), "differs").otherwise("equal")
+        counts = {r["v"]: int(r["count"]) for r in joined.groupBy(verdict.alias("v")).count().collect()}
+        result = RowComparison(
+            counts.get("equal", 0) + counts.get("differs", 0),
+            counts.get("missing", 0), counts.get("extra", 0), counts.get("differs", 0),
+        )  # fmt: skip
+        for label in ("differs", "missing", "extra"):
+            if counts.get(label):
+                result.sample += key_samples(joined.where(verdict == label), keys, label)
+        return result
+    finally:
+        joined.unpersist()
+
+
+def _compare(
+    source: DataFrame, current: DataFrame, keys: list[str], in_flight: DataFrame, report: CompletenessReport
+) -> None:
+    try:
+        report.source_rows = source.count()
+        report.in_flight_keys = in_flight.count()
+        rows = compare_rows(source, current, keys, in_flight)
+    finally:
+        in_flight.unpersist()
     report.compared = True
-    report.compare_note = "exact: capture confirmed the read position and current applied all of Kafka"
-    report.source_rows, report.current_rows = int(a["n"]), int(b["n"])
-    report.checksum_equal = a["h"] == b["h"] and a["n"] == b["n"]
-    if not report.checksum_equal:
-        missing, extra = source.exceptAll(mine), mine.exceptAll(source)
-        report.missing, report.extra = missing.count(), extra.count()
-        report.sample = key_samples(missing, keys, "missing") + key_samples(extra, keys, "extra")
+    report.compared_rows, report.missing, report.extra, report.differing = (
+        rows.compared, rows.missing, rows.extra, rows.differing,
+    )  # fmt: skip
+    report.sample = rows.sample
+    report.compare_note = (
+        f"exact at one source read: {rows.compared} rows compared, {report.in_flight_keys} keys with changes in "
+        f"flight left out ({report.in_flight_offsets} offsets)"
+    )
 
 
 def plain_value(value: Any) -> Any:

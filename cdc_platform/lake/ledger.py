@@ -1,6 +1,6 @@
 """The ledger: every piece of pipeline state, typed, in the lake.
 
-Four append-only Delta tables under ``<lake>/_ledger/``, read and written with delta-rs
+Five append-only Delta tables under ``<lake>/_ledger/``, read and written with delta-rs
 (no Spark, no JVM: sensors, the CLI and the Spark driver all use the same class):
 
 * ``generations`` — one row per step of a generation's life (requested, running,
@@ -8,7 +8,9 @@ Four append-only Delta tables under ``<lake>/_ledger/``, read and written with d
 * ``windows`` — changelog offset ranges per window and Kafka partition, fixed once;
 * ``current`` — what current has applied (generation, frontier, source position);
 * ``schemas`` — the table's registered schema versions (compatibility history, and the
-  schema the lake decodes Kafka records with).
+  schema the lake decodes Kafka records with);
+* ``feeds`` — readings of the source's rows-written counter and the topic's end offsets
+  (``model.feeds``: is the topic fed?).
 
 Appends only, so concurrent writers never conflict: the state is the fold of the rows
 (``model.generations.fold``; the newest ``current`` row; the first recording of a
@@ -29,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_platform.model.errors import RetriableError
+from cdc_platform.model.feeds import FeedObservation
 from cdc_platform.model.generations import Generation, GenerationEvent, GenerationStatus, Watermark, fold
 from cdc_platform.model.state import CurrentPosition, SchemaRecord
 from cdc_platform.model.tables import TableSchema
@@ -65,6 +68,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("table", pa.string()), ("version", pa.int32()), ("generation", pa.string()), ("fingerprint", pa.string()),
             ("schema", pa.string()), ("change", pa.string()), ("registered_at", _TS),
         ]
+    ),
+    "feeds": pa.schema(
+        [("table", pa.string()), ("at", _TS), ("source_changes", pa.int64()), ("topic_end", pa.string())]
     ),
 }  # fmt: skip
 
@@ -159,6 +165,25 @@ class Ledger:
     def latest_schema(self, table: str) -> TableSchema | None:
         history = self.schema_history(table)
         return TableSchema.from_json(history[-1].schema_json) if history else None
+
+    # ------------------------------------------------------------ feeds
+
+    def record_feed(self, table: str, observation: FeedObservation) -> None:
+        """Only readings the producer confirmed: they are what the next one is judged against."""
+        assert observation.confirmed
+        row = {
+            "table": table, "at": observation.at, "source_changes": observation.source_changes,
+            "topic_end": json.dumps({str(p): o for p, o in observation.topic_end.items()}),
+        }  # fmt: skip
+        self._append("feeds", [row])
+
+    def last_feed(self, table: str) -> FeedObservation | None:
+        rows = self._rows("feeds", table)
+        if not rows:
+            return None
+        row = max(rows, key=lambda r: r["at"])
+        ends = {int(p): int(o) for p, o in json.loads(row["topic_end"]).items()}
+        return FeedObservation(row["at"], int(row["source_changes"]), ends, confirmed=True)
 
     # ------------------------------------------------------------ everything at once
 

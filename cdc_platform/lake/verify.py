@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cdc_platform.kafka.clients import KafkaClients
-from cdc_platform.lake.checks import key_samples
+from cdc_platform.lake.checks import compare_rows
 from cdc_platform.lake.current import POSITION_COLUMNS
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.snapshot import scratch_copy
@@ -108,15 +108,9 @@ def _compare(ctx: VerifyContext, table: LakeTable, verdict: Verdict) -> None:
         current = spark.read.format("delta").load(table.current_path).drop(*POSITION_COLUMNS)
         current = current.select(*[f"`{c}`" for c in truth.columns])  # columns the source dropped are not compared
         verdict.source_rows, verdict.current_rows = truth.count(), current.count()
-        quoted = [f"`{k}`" for k in keys]
-        only_truth = truth.exceptAll(current).select(*quoted).distinct()
-        only_current = current.exceptAll(truth).select(*quoted).distinct()
-        differing = only_truth.intersect(only_current)
-        missing = only_truth.subtract(only_current)
-        extra = only_current.subtract(only_truth)
-        verdict.mismatches, verdict.missing, verdict.extra = differing.count(), missing.count(), extra.count()
-        for label, frame in (("differs", differing), ("missing", missing), ("extra", extra)):
-            verdict.sample += key_samples(frame, keys, label)
+        rows = compare_rows(truth, current, keys)
+        verdict.mismatches, verdict.missing, verdict.extra = rows.differing, rows.missing, rows.extra
+        verdict.sample = rows.sample
 
 
 def format_verdicts(verdicts: list[Verdict]) -> str:

@@ -74,6 +74,24 @@ def behind(frontier: Mapping[int, int], ends: Mapping[int, int]) -> int:
     return sum(max(0, end - frontier.get(p, 0)) for p, end in ends.items())
 
 
+def in_flight_ranges(
+    frontier: Mapping[int, int], read_from: Mapping[int, int], ends: Mapping[int, int]
+) -> list[tuple[int, int, int]]:
+    """The offsets whose keys an exact comparison of current with a source read must leave
+    out: ``[partition, start, end)`` from the lower of current's frontier and the Kafka
+    offsets taken just before the source read (``read_from``), to ``ends`` (taken once
+    the producer confirmed a position after the read). Below the start every event is
+    both applied to current and older than the read; at or after ``ends`` none is older
+    than the read. A key with no event in between must be equal on both sides."""
+    spans = []
+    for partition, end in sorted(ends.items()):
+        start = min(frontier.get(partition, 0), read_from.get(partition, 0))
+        top = max(end, frontier.get(partition, 0))
+        if top > start:
+            spans.append((partition, start, top))
+    return spans
+
+
 def lost_offsets(needed: Mapping[int, int], earliest: Mapping[int, int]) -> dict[int, tuple[int, int]]:
     """Partitions whose next needed offset Kafka no longer holds: partition -> (needed, earliest)."""
     return {p: (needed[p], low) for p, low in earliest.items() if p in needed and low > needed[p]}

@@ -175,11 +175,26 @@ def completeness_check_metadata(report: CompletenessReport, dropped_by_generatio
         "reconcile_note": dg.MetadataValue.text(report.compare_note),
         "rows_checked": dg.MetadataValue.int(report.current_rows),
         "source_rows": dg.MetadataValue.int(report.source_rows),
+        "rows_compared": dg.MetadataValue.int(report.compared_rows),
         "missing_rows": dg.MetadataValue.int(report.missing),
         "extra_rows": dg.MetadataValue.int(report.extra),
-        "mismatches": dg.MetadataValue.int(report.missing + report.extra),
+        "differing_rows": dg.MetadataValue.int(report.differing),
+        "mismatches": dg.MetadataValue.int(report.missing + report.extra + report.differing),
+        "keys_in_flight": dg.MetadataValue.int(report.in_flight_keys),
+        "offsets_in_flight": dg.MetadataValue.int(report.in_flight_offsets),
         "sample_keys": dg.MetadataValue.json(report.sample),
+        **feed_metadata(report),
     }
+
+
+def feed_metadata(report: CompletenessReport) -> Metadata:
+    """Rows the source wrote and events the topic got since the last reading (numbers to
+    plot), and why the topic looks unfed."""
+    metadata: Metadata = {"topic_unfed": dg.MetadataValue.text(report.unfed or "no")}
+    if report.source_changes is not None and report.topic_events is not None:
+        metadata["source_rows_written"] = dg.MetadataValue.int(report.source_changes)
+        metadata["topic_events"] = dg.MetadataValue.int(report.topic_events)
+    return metadata
 
 
 def table_spec_metadata(values: Mapping[str, str]) -> Metadata:

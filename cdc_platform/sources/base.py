@@ -163,6 +163,16 @@ class Source(ABC):
     def signals(self) -> Iterator[Signal]:
         """Rows of the source's signal table, if it has one."""
 
+    def rows_written(self, table: TableConfig) -> int | None:
+        """The source's own count of rows written to the table (inserted + updated +
+        deleted), for telling a quiet table from an unfed topic; None when the source
+        keeps no such count, or its topics are the platform's own polls."""
+        return None
+
+    def unfed_cause(self, table: TableConfig) -> str:
+        """The likely reason a table's topic gets nothing while the table changes."""
+        return "its producer does not capture this table"
+
     @abstractmethod
     def wait_until_captured(self, position: int, deadline: float) -> str:
         """Wait until every change before ``position`` is in Kafka: '' when it is, else

@@ -3,6 +3,7 @@ completeness finds changelog holes and rows current lost, and names them."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -12,8 +13,7 @@ from typing import Any
 import pytest
 
 from cdc_platform.devtools.lake import Lake
-from cdc_platform.lake.checks import CompletenessInputs, CompletenessReport, check_completeness, pandera_errors
-from cdc_platform.lake.current import CurrentResult
+from cdc_platform.lake.checks import pandera_errors
 from cdc_platform.lake.schema_registry import evaluate_schema
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 
@@ -73,13 +73,6 @@ def test_added_nullable_column_flows_through(env: CaptureEnv, spark: Any) -> Non
     assert any(e.startswith("body") for e in pandera_errors(broken, {"body": False, "note": True}, ["id"]))
 
 
-def _completeness(lake: Lake, key: str, result: CurrentResult, frame: Any) -> CompletenessReport:
-    committed = lake.ledger.committed(key)
-    assert committed is not None
-    inputs = CompletenessInputs(frame, committed, result.frontier, result.applied_position)
-    return check_completeness(lake.spark, lake.ledger, lake.source(key), lake.kafka, lake.table(key), inputs)
-
-
 def test_completeness_finds_holes_and_lost_rows(env: CaptureEnv, spark: Any) -> None:
     lake = Lake(env.config, spark)
     key = f"cap.{env.schema}.items"
@@ -96,21 +89,82 @@ def test_completeness_finds_holes_and_lost_rows(env: CaptureEnv, spark: Any) -> 
         lake.window(key, edges[i], edges[i + 1])
     result = lake.current(key)
     with env.running_capture():
-        report = _completeness(lake, key, result, lake.read_current(key))
+        report = lake.completeness(key, result, lake.read_current(key))
     assert not report.passed and report.holes and report.offsets_missing == 10
-    assert not report.compared  # current is behind Kafka: no exact comparison possible
+    # current stops at the hole: the keys after it are in flight, the rest is compared
+    assert report.compared and (report.compared_rows, report.in_flight_keys) == (10, 20)
 
     lake.window(key, edges[1], edges[2])
     result = lake.current(key)
     frame = lake.read_current(key)
     with env.running_capture():
-        report = _completeness(lake, key, result, frame)
+        report = lake.completeness(key, result, frame)
         assert report.passed and report.compared, report.compare_note
-        assert (report.source_rows, report.current_rows) == (30, 30)
+        assert (report.source_rows, report.current_rows, report.compared_rows) == (30, 30, 30)
         # a row lost from current is found and named
-        report = _completeness(lake, key, result, frame.where("id <> 7"))
-    assert not report.passed and report.compared and report.missing == 1 and report.extra == 0
+        report = lake.completeness(key, result, frame.where("id <> 7"))
+    assert not report.passed and report.compared and (report.missing, report.extra, report.differing) == (1, 0, 0)
     assert report.sample == ['missing {"id": 7}']
+
+
+def test_completeness_reaches_a_verdict_on_a_table_that_never_stops_changing(env: CaptureEnv, spark: Any) -> None:
+    """Keys with changes in flight are left out, every other row is compared: a lost
+    update (current keeps the row as it was before a change it applied) fails the check
+    while the table is busy, and the topic counts as fed."""
+    from pyspark.sql import functions as F
+
+    lake = Lake(env.config, spark)
+    key = f"cap.{env.schema}.items"
+    with env.app() as app:
+        app.execute("INSERT INTO items SELECT g, 'v1' FROM generate_series(1, 200) g")
+    env.run_until_caught_up()
+    lake.snapshot(key, "g1")
+    t0 = _now() - timedelta(seconds=1)
+    with env.app() as app:
+        app.execute("UPDATE items SET body = 'v2' WHERE id = 150")  # the update a lost-update bug drops
+    with env.running_capture(), Churn(env, keys=100) as churn:
+        time.sleep(3)
+        t1 = _now()
+        time.sleep(1.1)
+        lake.window(key, t0, t1)
+        result = lake.current(key)
+        frame = lake.read_current(key)
+        report = lake.completeness(key, result, frame)
+        assert report.passed and report.compared, report.compare_note
+        assert report.in_flight_keys > 0 and report.compared_rows >= 100 and report.differing == 0
+        lost = frame.withColumn("body", F.when(F.col("id") == 150, F.lit("v1")).otherwise(F.col("body")))
+        report = lake.completeness(key, result, lost)
+        assert churn.updates > 100  # it was busy all along
+    assert not report.passed and report.compared, report.compare_note
+    assert (report.missing, report.extra, report.differing) == (0, 0, 1)
+    assert report.sample == ['differs {"id": 150}']
+    # the source wrote rows and the topic got events since the first check: fed
+    assert report.unfed == "" and report.source_changes and report.topic_events
+
+
+class Churn(threading.Thread):
+    """Updates keys 1..``keys`` in small transactions until the block ends."""
+
+    def __init__(self, env: CaptureEnv, keys: int) -> None:
+        super().__init__(daemon=True)
+        self.env, self.keys, self.updates = env, keys, 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        with self.env.app() as app:
+            while not self._halt.is_set():
+                row = (f"busy{self.updates}", 1 + self.updates % self.keys)
+                app.execute("UPDATE items SET body = %s WHERE id = %s", row)
+                self.updates += 1
+                time.sleep(0.01)
+
+    def __enter__(self) -> Churn:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._halt.set()
+        self.join(timeout=30)
 
 
 def test_keys_check_finds_foreign_kafka_keys(env: CaptureEnv, spark: Any) -> None:

@@ -102,18 +102,32 @@ def test_current_equals_source_with_debezium_as_the_producer(
         count = 1 if schemas else 3
         size = (t_end - t0) / count
         windows = [(t0 + i * size, t0 + (i + 1) * size) for i in range(count)]
+        applied = {}
         for key in keys:
             for i in reversed(range(count)):
                 lake.window(key, *windows[i])
-            assert lake.current(key).generation == "g1"
+            applied[key] = lake.current(key)
+            assert applied[key].generation == "g1"
         assert_current_equals_source(lake, keys, at_least=20)
-        if schemas:
-            return
 
-        # a second generation while the workload runs: rebuilt from it, then replayed
+        # busy again: the completeness check still reaches a verdict, with nothing amiss
         workload = Workload(env, seconds=None, seed=6, first_id=100_000)
         workload.start()
         workload.wait_for(30)
+        for key in keys:
+            report = lake.completeness(key, applied[key])
+            assert report.passed and report.compared, (key, report.compare_note, report.sample, report.unfed)
+            assert report.compared_rows >= 20 and report.in_flight_keys > 0
+            print(
+                f"[figures] {key} ({'json+schemas' if schemas else 'json'}): rows compared {report.compared_rows}, "
+                f"keys in flight {report.in_flight_keys}, missing {report.missing}, extra {report.extra}, "
+                f"differing {report.differing}"
+            )
+        if schemas:
+            workload.stop()
+            return
+
+        # a second generation while the workload runs: rebuilt from it, then replayed
         for key in keys:
             lake.snapshot(key, "g2")
         workload.wait_for(30)
@@ -131,3 +145,31 @@ def _assert_toast_placeholders_seen(producer: DebeziumProducer) -> None:
     events = [m for m in producer.messages() if m.value is not None and m.envelope["op"] == "u"]
     toasted = [m for m in events if (m.envelope.get("after") or {}).get("body") == "__debezium_unavailable_value"]
     assert toasted, "the workload made no TOAST-only update (nothing tested the placeholder)"
+
+
+def test_a_table_the_connector_leaves_out_fails_completeness(env: CaptureEnv, connect: Any, spark: Any) -> None:
+    """lines is configured in the lake but not in the connector's table.include.list: its
+    topic stays empty while the table changes. The completeness check says so, and why."""
+    key = f"cap.{env.schema}.lines"
+    with debezium_producing(env, connect, **{"table.include.list": f"{env.schema}.items"}) as producer:
+        lake = Lake(env.config, spark)
+        with env.app() as app:
+            app.execute("INSERT INTO lines SELECT g, 1, 'n' FROM generate_series(1, 5) g")
+        lake.snapshot(key, "g1")
+        applied = lake.current(key)
+        first = lake.completeness(key, applied)  # the first reading of the feed: nothing to judge yet
+        assert first.passed and first.compared and first.source_changes is None, first.compare_note
+        with env.app() as app:
+            app.execute("INSERT INTO lines SELECT g, 2, 'n' FROM generate_series(1, 7) g")
+            app.execute("UPDATE lines SET note = 'm' WHERE line_no = 1")
+            app.execute("INSERT INTO items (id, body) VALUES (1, 'fed')")  # the included table is fed
+        producer.wait_for_events(1)
+        producer.wait_caught_up()
+        report = lake.completeness(key, applied)
+        again = lake.completeness(key, applied)  # an unfed reading is not the new baseline
+    assert not report.passed and (report.source_changes, report.topic_events) == (12, 0)
+    assert f"topic {env.topic('lines')} is not fed" in report.unfed
+    assert f"does not capture {env.schema}.lines" in report.unfed and "table.include.list" in report.unfed
+    # and the rows it never received are found missing or differing
+    assert report.compared and (report.missing, report.differing) == (7, 5), report.compare_note
+    assert not again.passed and again.unfed

@@ -15,8 +15,6 @@ import pytest
 
 from cdc_platform.devtools.lake import Lake
 from cdc_platform.devtools.stack import StackProfile
-from cdc_platform.lake.checks import CompletenessInputs, CompletenessReport, check_completeness
-from cdc_platform.lake.current import CurrentResult
 from cdc_platform.lake.verify import VerifyContext, verify_table
 from cdc_platform_tests.cases.mysql_types import MYSQL_TYPE_CASES, type_cases_ddl
 from cdc_platform_tests.integration.polling_env import PollingEnv, make_polling_env
@@ -47,13 +45,6 @@ def _window(env: PollingEnv, lake: Lake, key: str, start: datetime) -> datetime:
 
 def _lake(lake: Lake, key: str) -> dict[int, dict[str, Any]]:
     return {r["id"]: r.asDict() for r in lake.read_current(key).collect()}
-
-
-def _completeness(lake: Lake, key: str, result: CurrentResult) -> CompletenessReport:
-    committed = lake.ledger.committed(key)
-    assert committed is not None
-    inputs = CompletenessInputs(lake.read_current(key), committed, result.frontier, result.applied_position)
-    return check_completeness(lake.spark, lake.ledger, lake.source(key), lake.kafka, lake.table(key), inputs)
 
 
 def _source(env: PollingEnv, where: str = "deleted_at IS NULL") -> dict[int, tuple[str, str, bool]]:
@@ -123,7 +114,7 @@ def test_hard_deletes_are_reported_and_a_reconciliation_generation_drops_them(en
     assert _as_source(current) == live | {k: _as_source(current)[k] for k in hard_deleted}
     assert not {6, 7, 8} & set(current)  # soft deletes became deletes
     assert hard_deleted <= set(current) and 41 not in current  # polling cannot see hard deletes: they linger
-    report = _completeness(lake, key, first)
+    report = lake.completeness(key, first)
     assert report.deleted_in_source == 3
     assert report.passed  # the changelog itself is complete; the lingering rows are a warning
     assert any('"id": 11' in s for s in report.sample)
@@ -140,7 +131,7 @@ def test_hard_deletes_are_reported_and_a_reconciliation_generation_drops_them(en
     later = lake.current(key)
     assert later.changes_applied >= 2
     assert _as_source(_lake(lake, key)) == _source(env)
-    assert _completeness(lake, key, later).deleted_in_source == 0
+    assert lake.completeness(key, later).deleted_in_source == 0
     # verify waits for a poll that began after it, then compares row by row; a hard
     # delete shows as a row only current has
     with env.db() as db:

@@ -127,6 +127,17 @@ def test_errors_tolerance_values(tmp_path: Path) -> None:
     assert "tables[1].errors.tolerance" in problem and "'none'" in problem and "'all'" in problem
 
 
+def test_completeness_in_flight_cap_defaults_and_must_not_be_negative(tmp_path: Path) -> None:
+    config = load_config(
+        write(tmp_path, VALID.replace("errors: {tolerance: all}", "completeness: {max_in_flight_offsets: 5000}"))
+    )
+    assert [t.completeness.max_in_flight_offsets for t in config.tables] == [200_000, 5000]
+    [problem] = problems(
+        tmp_path, VALID.replace("errors: {tolerance: all}", "completeness: {max_in_flight_offsets: -1}")
+    )
+    assert "tables[1].completeness.max_in_flight_offsets" in problem
+
+
 def test_window_must_divide_the_hour(tmp_path: Path) -> None:
     [problem] = problems(tmp_path, VALID.replace("window: 15m", "window: 7m"))
     assert "tables[1].changelog.window: '7m' does not divide an hour or a day evenly" in problem

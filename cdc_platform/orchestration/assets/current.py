@@ -109,8 +109,8 @@ def check_specs(table: TableConfig) -> list[dg.AssetCheckSpec]:
             asset=key,
             description=(
                 "Changelog windows cover every offset since the watermark; dead letters per window within the "
-                "threshold; current reconciles with the source (row count, checksum) when the position allows "
-                "an exact comparison."
+                "threshold; the topic is fed (the source's rows-written count moved only if the topic did); "
+                "current equals one consistent source read row by row, except keys with changes in flight."
             ),
         ),
     ]
@@ -203,12 +203,12 @@ class CurrentStep:
         )
         # rows a polled source hard-deleted: a warning, fixed by the next reconciliation generation
         hard_deleted = completeness.passed and completeness.deleted_in_source > 0
-        description = (
-            f"{completeness.deleted_in_source} row(s) exist in current but no longer in the source (hard deletes, "
-            "which polling cannot see); the next reconciliation generation drops them"
-            if hard_deleted
-            else None
-        )
+        description = completeness.unfed or None
+        if hard_deleted:
+            description = (
+                f"{completeness.deleted_in_source} row(s) exist in current but no longer in the source (hard "
+                "deletes, which polling cannot see); the next reconciliation generation drops them"
+            )
         metadata = completeness_check_metadata(completeness, result.dropped_by_generation)
         yield self._check(
             COMPLETENESS_CHECK, completeness.passed and not hard_deleted, metadata, description, hard_deleted

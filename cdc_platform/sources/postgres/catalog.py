@@ -98,6 +98,17 @@ def count_rows(conn: Connection, schema: str, table: str) -> int:
     return int(row[0]) if row else 0
 
 
+def rows_written(conn: Connection, schema: str, table: str) -> int:
+    """Rows inserted + updated + deleted in the table as the statistics collector counts
+    them (committed or not; reset with the statistics). 0 for a table it has not seen."""
+    query = (
+        "SELECT coalesce(n_tup_ins + n_tup_upd + n_tup_del, 0) FROM pg_stat_user_tables "
+        "WHERE schemaname = %s AND relname = %s"
+    )
+    row = conn.execute(query, (schema, table)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def resolve_pg_types(
     conn: Connection, oids: Iterable[int], known: dict[int, PgType] | None = None
 ) -> dict[int, PgType]:

@@ -54,3 +54,20 @@ def lost_slot_advice(endpoint: PostgresEndpoint) -> str:
         "so it creates the slot again (snapshot.mode=no_data: it streams from there), then the new generation is "
         "taken after it; the platform does not create Debezium's slot"
     )
+
+
+def unfed_cause(endpoint: PostgresEndpoint, qualified: str) -> str:
+    """Why a table's topic would get nothing while the table changes, for its producer."""
+    debezium = debezium_of(endpoint)
+    if debezium is None:
+        return (
+            f"the platform's capture does not stream {qualified}: is it in publication "
+            f"{endpoint.publication}? (cdc-platform capture run adds configured tables to it when it starts; "
+            "restart capture, and check that nothing removes the table from the publication)"
+        )
+    return (
+        f"Debezium connector '{debezium.connector}' does not capture {qualified}: add it to the connector's "
+        "table.include.list (or remove it from table.exclude.list) and, if you manage the publication, to publication "
+        f"{endpoint.publication}; then take a new generation of the table (cdc-platform rehydrate), since the "
+        "changes it missed are not in Kafka"
+    )

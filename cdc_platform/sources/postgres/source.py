@@ -25,13 +25,14 @@ from cdc_platform.sources.base import (
     SnapshotPlan,
     Source,
 )
-from cdc_platform.sources.postgres.catalog import count_rows
+from cdc_platform.sources.postgres.catalog import count_rows, rows_written
 from cdc_platform.sources.postgres.producer import (
     debezium_of,
     lost_slot_advice,
     producer_label,
     refuse_platform_capture,
     start_producer_advice,
+    unfed_cause,
 )
 from cdc_platform.sources.postgres.slot import SlotState, create_slot, current_wal_position, drop_slot, read_slot
 from cdc_platform.sources.postgres.snapshot import describe, jdbc_read, snapshot_plan
@@ -154,6 +155,13 @@ class PostgresConnector(Source):
                 tables = signal_tables(str(kind), None if data is None else str(data), self.name, local)
                 if tables:
                     yield Signal(f"signal:{self.name}:{signal_id}", tuple(tables))
+
+    def rows_written(self, table: TableConfig) -> int | None:
+        with self.endpoint.connect("catalog") as conn:
+            return rows_written(conn, table.schema_name, table.table_name)
+
+    def unfed_cause(self, table: TableConfig) -> str:
+        return unfed_cause(self.endpoint, f"{table.schema_name}.{table.table_name}")
 
     def wait_until_captured(self, position: int, deadline: float) -> str:
         with self.endpoint.connect("verify") as conn:

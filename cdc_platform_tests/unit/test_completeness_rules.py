@@ -1,0 +1,64 @@
+"""The pure rules behind the completeness check on busy and unfed tables: which Kafka
+span's keys a comparison leaves out, and when a topic counts as unfed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from cdc_platform.lake.ledger import Ledger
+from cdc_platform.model.coverage import in_flight_ranges
+from cdc_platform.model.feeds import FeedObservation, feed_verdict
+
+T0 = datetime(2026, 11, 24, 10, 0, tzinfo=UTC)
+
+
+def test_in_flight_span_starts_at_the_lower_of_frontier_and_read_and_ends_at_the_topic_end() -> None:
+    # partition 0: current applied to 40, the read began at Kafka 50 -> 40..70 is in flight
+    # partition 1: current applied past the read (60 > 45) -> from the read
+    # partition 2: nothing new anywhere -> no span; partition 3: new, nothing known -> all of it
+    frontier = {0: 40, 1: 60, 2: 10}
+    read_from = {0: 50, 1: 45, 2: 10}
+    ends = {0: 70, 1: 80, 2: 10, 3: 5}
+    assert in_flight_ranges(frontier, read_from, ends) == [(0, 40, 70), (1, 45, 80), (3, 0, 5)]
+
+
+def test_a_quiet_caught_up_table_has_nothing_in_flight() -> None:
+    assert in_flight_ranges({0: 9}, {0: 9}, {0: 9}) == []
+
+
+def test_a_frontier_beyond_the_read_end_keeps_what_current_applied_in_flight() -> None:
+    # current applied offsets the later end read does not show yet (a racing reader)
+    assert in_flight_ranges({0: 30}, {0: 20}, {0: 25}) == [(0, 20, 30)]
+
+
+def _seen(changes: int, ends: dict[int, int], confirmed: bool = True, minutes: int = 0) -> FeedObservation:
+    return FeedObservation(T0 + timedelta(minutes=minutes), changes, ends, confirmed)
+
+
+def test_source_changes_with_a_still_topic_is_unfed() -> None:
+    verdict = feed_verdict(_seen(100, {0: 7}), _seen(112, {0: 7, 1: 0}, minutes=5))
+    assert verdict is not None and verdict.unfed and (verdict.source_changes, verdict.topic_events) == (12, 0)
+    assert "wrote 12 row(s) since 2026-11-24 10:00:00 UTC while the topic received 0 event(s)" in verdict.describe(T0)
+
+
+def test_a_topic_that_moved_or_a_quiet_source_is_fed() -> None:
+    moved = feed_verdict(_seen(100, {0: 7}), _seen(112, {0: 7, 1: 3}))
+    assert moved is not None and not moved.unfed and moved.topic_events == 3
+    quiet = feed_verdict(_seen(100, {0: 7}), _seen(100, {0: 7}))
+    assert quiet is not None and not quiet.unfed
+
+
+def test_no_verdict_without_an_earlier_reading_confirmation_or_after_a_stats_reset() -> None:
+    assert feed_verdict(None, _seen(5, {0: 1})) is None
+    assert feed_verdict(_seen(5, {0: 1}), _seen(9, {0: 1}, confirmed=False)) is None
+    assert feed_verdict(_seen(500, {0: 1}), _seen(9, {0: 1})) is None  # pg_stat_reset, or a crash
+
+
+def test_the_ledger_keeps_the_newest_feed_reading_per_table(tmp_path: Path) -> None:
+    ledger = Ledger(str(tmp_path))
+    assert ledger.last_feed("s.t") is None
+    ledger.record_feed("s.t", _seen(10, {0: 3, 1: 4}))
+    ledger.record_feed("s.t", _seen(15, {0: 5, 1: 4}, minutes=1))
+    ledger.record_feed("other.t", _seen(99, {0: 1}, minutes=2))
+    assert ledger.last_feed("s.t") == _seen(15, {0: 5, 1: 4}, minutes=1)
