@@ -14,7 +14,7 @@ from cdc_platform.lake.current import CurrentResult, apply_current
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.schema_registry import evaluate_schema
 from cdc_platform.lake.snapshot import GenerationRequest, SnapshotResult, take_generation
-from cdc_platform.lake.tables import LakeTable, lake_table
+from cdc_platform.lake.tables import LakeTable, lake_table, table_options
 from cdc_platform.model.tables import TableSchema
 from cdc_platform.sources import Source, open_source
 
@@ -65,7 +65,8 @@ class Lake:
         path = f"{self.config.lake.root}/_truth/{uuid.uuid4().hex[:8]}"
         table = self.table(key)
         with self.source(key).snapshot(table.config, self.kafka, table.topic) as plan:
-            read_plan(self.spark, plan).write.format("delta").save(path)
+            frame = read_plan(self.spark, plan)
+            frame.write.format("delta").options(**table_options(frame.schema)).save(path)
         return self.spark.read.format("delta").load(path)
 
     def read_current(self, key: str) -> Any:

@@ -21,6 +21,7 @@ import orjson
 from cdc_platform.envelope.debezium import UNAVAILABLE
 from cdc_platform.envelope.decode import parse_zoned_timestamp
 from cdc_platform.envelope.encoding import PLATFORM_ENCODING, ValueEncoding
+from cdc_platform.envelope.lsn import format_lsn
 from cdc_platform.envelope.pgtypes import (
     EPOCH_DATE,
     PgType,
@@ -82,6 +83,8 @@ def decode_record(
         envelope = envelope["payload"]
     if not isinstance(envelope, dict):
         raise ChangeDecodeError("value is not a JSON object")
+    if "cdc_unconvertible" in envelope:
+        raise ChangeDecodeError(_unconvertible_reason(envelope))
     op = envelope.get("op")
     if op not in OPS:
         raise ChangeDecodeError(f"op is {op!r}, expected one of c, u, d, t, r")
@@ -128,6 +131,20 @@ def decode_record(
     return row
 
 
+def _unconvertible_reason(envelope: dict[str, Any]) -> str:
+    """The dead-letter reason for capture's 'this value has no representation' event."""
+    problem = envelope["cdc_unconvertible"] if isinstance(envelope["cdc_unconvertible"], dict) else {}
+    source = envelope.get("source")
+    lsn = _int_or_none(source.get("lsn")) if isinstance(source, dict) else None
+    where = format_lsn(lsn) if lsn is not None else "?"
+    return (
+        f"capture could not convert {problem.get('table')}.{problem.get('column')} at LSN {where} "
+        f"(op {problem.get('op')}): {problem.get('reason')}; value {problem.get('text')!r}. The row's change is not "
+        "in the lake: under errors.tolerance: all it is this dead letter, under none the table stops here. Fix the "
+        "value in the source, then rehydrate the table (cdc-platform rehydrate <table>)"
+    )
+
+
 def decode_image(
     image: dict[str, Any], columns: list[LakeColumnSpec], part: str, encoding: ValueEncoding = PLATFORM_ENCODING
 ) -> tuple[dict[str, Any], list[str]]:
@@ -140,7 +157,7 @@ def decode_image(
             values[column.name] = None
             continue
         try:
-            values[column.name] = lake_value(raw, column.pgtype, column.typmod, encoding)
+            values[column.name] = lake_value(raw, column.pgtype, column.typmod, encoding, column.dims)
         except (ValueError, TypeError, KeyError, ArithmeticError) as exc:
             raise ChangeDecodeError(
                 f"{part}.{column.name}: cannot read {str(raw)[:60]!r} as {column.pgtype.name}: {exc}"
@@ -154,7 +171,9 @@ def _is_placeholder(raw: Any, column: LakeColumnSpec, encoding: ValueEncoding) -
     return column.pgtype.kind == "bytea" and raw == encoding.binary_text(UNAVAILABLE.encode())
 
 
-def lake_value(raw: Any, pgtype: PgType, typmod: int, encoding: ValueEncoding = PLATFORM_ENCODING) -> Any:
+def lake_value(
+    raw: Any, pgtype: PgType, typmod: int, encoding: ValueEncoding = PLATFORM_ENCODING, dims: int = 1
+) -> Any:
     """A Debezium JSON value as the lake stores it (see lake/lake_types.py)."""
     if raw is None:
         return None
@@ -192,15 +211,31 @@ def lake_value(raw: Any, pgtype: PgType, typmod: int, encoding: ValueEncoding = 
         assert pgtype.element is not None
         if not isinstance(raw, list):
             raise TypeError("not an array")
-        return [
-            lake_value(v, pgtype, typmod, encoding)
-            if isinstance(v, list)
-            else lake_value(v, pgtype.element, typmod, encoding)
-            for v in raw
-        ]
+        return _array(raw, pgtype.element, typmod, encoding, dims)
     if kind == "json" and not isinstance(raw, str):
         return json.dumps(raw)
     return str(raw) if not isinstance(raw, str) else raw
+
+
+def _array(items: list[Any], element: PgType, typmod: int, encoding: ValueEncoding, dims: int) -> list[Any]:
+    """Nested lists exactly ``dims`` deep (the column's lake type). PostgreSQL does not
+    enforce declared dimensions, so another depth is a reason, not a value Arrow fails
+    on in a Spark task. An empty array fits any depth."""
+    depth = _depth(items)
+    if items and depth != max(dims, 1):
+        raise ValueError(f"the value has {depth} dimension(s), the column's lake type {max(dims, 1)}")
+    return _map_elements(items, element, typmod, encoding)
+
+
+def _map_elements(items: list[Any], element: PgType, typmod: int, encoding: ValueEncoding) -> list[Any]:
+    return [
+        _map_elements(v, element, typmod, encoding) if isinstance(v, list) else lake_value(v, element, typmod, encoding)
+        for v in items
+    ]
+
+
+def _depth(items: list[Any]) -> int:
+    return 1 + max((_depth(v) for v in items if isinstance(v, list)), default=0)
 
 
 def _numeric(raw: Any, precision_scale: tuple[int, int] | None, precise: bool) -> Decimal | str:

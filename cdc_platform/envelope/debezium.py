@@ -24,6 +24,7 @@ Deviations from Debezium, on purpose:
 from __future__ import annotations
 
 import base64
+import contextlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -31,7 +32,14 @@ from typing import Any, Literal
 import orjson
 
 from cdc_platform.envelope.pgoutput import UNCHANGED_TOAST, TupleValue
-from cdc_platform.envelope.pgtypes import ConversionOptions, PgType, connect_schema, to_json_value
+from cdc_platform.envelope.pgtypes import (
+    ConversionError,
+    ConversionOptions,
+    JsonValue,
+    PgType,
+    connect_schema,
+    to_json_value,
+)
 
 UNAVAILABLE = "__debezium_unavailable_value"
 CONNECTOR_VERSION = "cdc_platform-0.1.0"
@@ -80,6 +88,7 @@ class Record:
     op: Op | None  # None for tombstones
     partition: int | None = None  # explicit only for truncates
     lsn: int = 0
+    unconvertible: str | None = None  # why: capture's "this value has no representation" event
 
 
 class EnvelopeCodec:
@@ -117,7 +126,7 @@ class EnvelopeCodec:
                     out[column.name] = self._placeholder(column)
                     continue
             assert value is None or isinstance(value, str)
-            out[column.name] = to_json_value(value, column.pgtype, column.typmod, self.options)
+            out[column.name] = _converted(value, column, self.options)
         return out
 
     def key_row(self, shape: TableShape, values: tuple[TupleValue, ...]) -> dict[str, Any]:
@@ -128,8 +137,7 @@ class EnvelopeCodec:
             value = values[i]
             if value is None or value is UNCHANGED_TOAST:
                 raise ValueError(f"{shape.schema}.{shape.table}: key column {name} is missing from the row image")
-            column = shape.columns[i]
-            result[name] = to_json_value(value, column.pgtype, column.typmod, self.options)  # type: ignore[arg-type]
+            result[name] = _converted(value, shape.columns[i], self.options)  # type: ignore[arg-type]
         return result
 
     def _placeholder(self, column: ColumnSpec) -> Any:
@@ -245,6 +253,28 @@ class EnvelopeCodec:
             )
         )
         return records
+
+    def unconvertible_record(
+        self, shape: TableShape, op: Op, values: tuple[TupleValue, ...] | None, position: SourcePosition,
+        now_us: int, error: ConversionError,
+    ) -> Record:  # fmt: skip
+        """For a change whose value has no representation (``change_records`` raised
+        ``error``): one event in the table's topic saying which, so the source's other
+        tables keep streaming and the lake dead-letters it or stops this table, per its
+        ``errors.tolerance``. Not a change event (no ``op``): Debezium consumers skip it,
+        the platform's changelog reads ``cdc_unconvertible``. Keyed like the row's other events when the
+        key itself converts, so it sits in the same partition, in order."""
+        key: bytes | None = None
+        if values is not None:
+            with contextlib.suppress(ConversionError, ValueError):
+                key = self.key_bytes(shape, self.key_row(shape, values))
+        problem = {
+            "table": f"{shape.schema}.{shape.table}", "column": error.column, "op": op,
+            "text": None if error.text is None else error.text[:200], "reason": str(error),
+        }  # fmt: skip
+        value = {"cdc_unconvertible": problem, "source": self.source_block(shape, position), "op": None,
+                 "ts_ms": now_us // 1000}  # fmt: skip
+        return Record(shape.topic, key, _dumps(value), None, lsn=position.lsn, unconvertible=str(error))
 
     def truncate_records(
         self, shape: TableShape, position: SourcePosition, now_us: int, partitions: int
@@ -364,6 +394,13 @@ TRANSACTION_SCHEMA: dict[str, Any] = {
     "name": "event.block",
     "version": 1,
 }
+
+
+def _converted(text: str | None, column: ColumnSpec, options: ConversionOptions) -> JsonValue:
+    try:
+        return to_json_value(text, column.pgtype, column.typmod, options)
+    except ConversionError as exc:
+        raise ConversionError(f"column {column.name}: {exc}", column.name, text) from None
 
 
 def _dumps(obj: Any) -> bytes:

@@ -50,7 +50,11 @@ IntervalHandling = Literal["string", "numeric"]
 
 
 class ConversionError(ValueError):
-    pass
+    """A value in PostgreSQL's text format that has no envelope representation."""
+
+    def __init__(self, message: str, column: str | None = None, text: str | None = None) -> None:
+        super().__init__(message)
+        self.column, self.text = column, text
 
 
 @dataclass(frozen=True)

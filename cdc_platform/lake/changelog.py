@@ -20,7 +20,7 @@ from cdc_platform.config.model import ErrorTolerance
 from cdc_platform.kafka.clients import KafkaClients, worker_options
 from cdc_platform.lake.lake_types import row_type
 from cdc_platform.lake.ledger import Ledger
-from cdc_platform.lake.tables import LakeTable
+from cdc_platform.lake.tables import LakeTable, table_options
 from cdc_platform.model.errors import DeadLetterError, NoGenerationError, SchemaIncompatibleError
 from cdc_platform.model.tables import TableSchema
 from cdc_platform.model.windows import WindowPlan, WindowRange, neighbours, plan_window, window_key
@@ -159,7 +159,7 @@ def _write_window(spark: SparkSession, table: LakeTable, window: WindowPlan, fra
     # mergeSchema: a column the source added (compatible change) joins the images
     good.write.format("delta").mode("overwrite").option("replaceWhere", condition).option(
         "mergeSchema", "true"
-    ).partitionBy("window_start").save(table.changelog_path)
+    ).options(**table_options(good.schema)).partitionBy("window_start").save(table.changelog_path)
     dead.select(
         "window_start", "kafka_partition", "kafka_offset", "kafka_timestamp", "error", "raw_key", "raw_value",
         F.lit(table.topic).alias("topic"),

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdc_platform.lake.history import HistoryResult, apply_history, ensure_history_table, snapshot_events
 from cdc_platform.lake.ledger import Ledger
-from cdc_platform.lake.tables import LakeTable
+from cdc_platform.lake.tables import LakeTable, table_options
 from cdc_platform.model.coverage import walk
 from cdc_platform.model.errors import NoGenerationError
 from cdc_platform.model.generations import Generation
@@ -160,12 +160,15 @@ def _rebuild(
         "*",
         F.lit(SNAPSHOT_COMMIT).cast("long").alias("_cdc_commit_lsn"),
         F.lit(watermark.position).cast("long").alias("_cdc_lsn"),
-    ).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(table.current_path)
+    ).write.format("delta").mode("overwrite").option("overwriteSchema", "true").options(
+        **table_options(frame.schema)
+    ).save(table.current_path)
     keys = list(schema.key)
     key_schema = ", ".join(f"`{k}` {frame.schema[k].dataType.simpleString()}" for k in keys)
-    spark.createDataFrame([], f"{key_schema}, _cdc_commit_lsn long, _cdc_lsn long").write.format("delta").mode(
-        "overwrite"
-    ).option("overwriteSchema", "true").save(table.deletes_path)
+    deletes = spark.createDataFrame([], f"{key_schema}, _cdc_commit_lsn long, _cdc_lsn long")
+    deletes.write.format("delta").mode("overwrite").option("overwriteSchema", "true").options(
+        **table_options(deletes.schema)
+    ).save(table.deletes_path)
     if table.config.history:
         ensure_history_table(spark, table.history_path, frame.schema)
     return CurrentPosition(committed.generation, dict(watermark.kafka_end_offsets), watermark.position), HistoryResult(

@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cdc_platform.lake.tables import table_options
+
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
@@ -62,7 +64,8 @@ def ensure_history_table(spark: SparkSession, path: str, row_type: StructType) -
         return
     columns = [f"`{f.name}` {f.dataType.simpleString()}" for f in row_type.fields]
     ddl = ", ".join(columns + [f"{name} {kind}" for name, kind in HISTORY_META])
-    spark.createDataFrame([], ddl).write.format("delta").mode("overwrite").save(path)
+    empty = spark.createDataFrame([], ddl)
+    empty.write.format("delta").mode("overwrite").options(**table_options(empty.schema)).save(path)
 
 
 def snapshot_events(

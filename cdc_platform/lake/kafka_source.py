@@ -107,24 +107,25 @@ class KafkaRangeReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """Arrow record batches when the schema is known (as under Spark): Spark then skips
         its per-value conversion of Python rows, which cost more than decoding them."""
-        rows = self.read_rows(partition)
+        records = self.decoded(partition)
         if self.schema is None:
-            yield from rows
+            yield from (row for row, _, _ in records)
             return
         import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_schema
 
         arrow_schema = to_arrow_schema(self.schema, timezone="UTC")  # exactly what Spark checks against
-        batch: list[tuple[Any, ...]] = []
-        for row in rows:
-            batch.append(row)
+        batch: list[tuple[tuple[Any, ...], Any, Any]] = []
+        for record in records:
+            batch.append(record)
             if len(batch) >= ARROW_BATCH_ROWS:
-                yield _arrow_batch(pa, arrow_schema, batch)
+                yield arrow_batch(pa, arrow_schema, batch)
                 batch = []
         if batch:
-            yield _arrow_batch(pa, arrow_schema, batch)
+            yield arrow_batch(pa, arrow_schema, batch)
 
-    def read_rows(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def decoded(self, partition: InputPartition) -> Iterator[tuple[tuple[Any, ...], Any, Any]]:
+        """(change row, raw key, raw value) of every record in the partition's range."""
         if not isinstance(partition, KafkaRange):  # no ranges: Spark reads one empty placeholder
             return
         options = self.options
@@ -132,7 +133,7 @@ class KafkaRangeReader(DataSourceReader):
         columns = [LakeColumnSpec(c.name, c.pgtype, c.typmod, c.dims) for c in schema.columns]
         encoding = ValueEncoding.from_option(options.get("encoding"))
         for partition_no, offset, timestamp, key, value in consume_range(options, options["topic"], partition):
-            yield _row(partition_no, offset, timestamp, key, value, columns, encoding)
+            yield _row(partition_no, offset, timestamp, key, value, columns, encoding), key, value
 
 
 def consume_range(options: dict[str, str], topic: str, part: KafkaRange) -> Iterator[tuple[int, int, Any, Any, Any]]:
@@ -163,11 +164,38 @@ def consume_range(options: dict[str, str], topic: str, part: KafkaRange) -> Iter
         consumer.close()
 
 
-def _arrow_batch(pa: Any, schema: Any, rows: list[tuple[Any, ...]]) -> Any:
+def arrow_batch(pa: Any, schema: Any, records: list[tuple[tuple[Any, ...], Any, Any]]) -> Any:
+    """One record batch of change rows. A row with a value Arrow cannot put in its lake
+    type (a value the decoder let through) becomes an error row, a dead letter with the
+    reason, instead of failing the Spark task and with it every later window."""
+    try:
+        return _batch(pa, schema, [row for row, _, _ in records])
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        rows = []
+        for row, key, value in records:
+            try:
+                _batch(pa, schema, [row])
+                rows.append(row)
+            except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+                rows.append(
+                    _error_row(row[0], row[1], row[2], key, value, f"a value does not fit the lake type: {exc}")
+                )
+        return _batch(pa, schema, rows)
+
+
+def _batch(pa: Any, schema: Any, rows: list[tuple[Any, ...]]) -> Any:
     columns = list(zip(*rows, strict=True))
     return pa.RecordBatch.from_arrays(
         [pa.array(values, type=f.type) for values, f in zip(columns, schema, strict=True)], schema=schema
     )
+
+
+def _error_row(
+    partition: int, offset: int, kafka_ts: datetime | None, key: bytes | None, value: bytes | None, reason: str
+) -> tuple[Any, ...]:
+    key_text = key.decode(errors="replace") if key is not None else None
+    return (partition, offset, kafka_ts, None, False, None, None, None, None, key_text, None, None, None, None,
+            reason, key, value)  # fmt: skip
 
 
 def _row(
@@ -178,9 +206,7 @@ def _row(
     try:
         change = decode_record(key, value, columns, encoding)
     except ChangeDecodeError as exc:
-        key_text = key.decode(errors="replace") if key is not None else None
-        return (partition, offset, kafka_ts, None, False, None, None, None, None, key_text, None, None, None, None,
-                str(exc), key, value)  # fmt: skip
+        return _error_row(partition, offset, kafka_ts, key, value, str(exc))
     names = [c.name for c in columns]
 
     def image(values: dict[str, Any] | None) -> tuple[Any, ...] | None:

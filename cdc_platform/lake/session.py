@@ -92,9 +92,15 @@ def session_conf(spark: SparkConfig) -> dict[str, str]:
         # Delta rebuilds table state with this many tasks; 50 (its default) is all overhead locally
         "spark.databricks.delta.snapshotPartitions": "4",
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
-        # source column names may hold spaces and other characters Parquet/Delta refuse
-        # ("Order Id"): every table the platform creates maps columns by name
-        "spark.databricks.delta.properties.defaults.columnMapping.mode": "name",
+        # Lake files every engine reads the same: timestamps as Parquet TIMESTAMP_MICROS (INT96
+        # is deprecated, and delta-rs reads it as nanoseconds, wrapping instants outside
+        # 1677-2262), and dates and timestamps proleptic Gregorian, never rebased through
+        # the hybrid Julian calendar. Column mapping is set per table (lake/tables.py).
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+        "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
+        "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
+        "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
         # Python workers (the changelog's Kafka data source) run the driver's interpreter,
         # i.e. the project's venv, not whatever python3 is first on PATH
         "spark.pyspark.python": sys.executable,

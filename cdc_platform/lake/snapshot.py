@@ -25,7 +25,7 @@ from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.errors import classify_spark_error
 from cdc_platform.lake.lake_types import lake_type
 from cdc_platform.lake.ledger import Ledger
-from cdc_platform.lake.tables import LakeTable
+from cdc_platform.lake.tables import LakeTable, table_options
 from cdc_platform.model.errors import CdcError, GenerationRejectedError
 from cdc_platform.model.generations import GenerationEvent, GenerationStatus, Watermark
 from cdc_platform.model.state import SchemaRecord
@@ -127,7 +127,10 @@ def _write_generation(
             f"{len(plan.read.predicates)} Spark partition(s)"
         )
         with SparkProgress(spark, f"{table.key}: snapshot {generation}", plan.source_rows, log_progress):
-            read_plan(spark, plan).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+            frame = read_plan(spark, plan)
+            frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").options(
+                **table_options(frame.schema)
+            ).save(path)
     rows = validate(spark, path, plan, source.capabilities.exact_snapshot_count)
     result = SnapshotResult(
         generation, path, rows, plan.source_rows, table_bytes(spark, path), plan.watermark, position,
@@ -195,6 +198,10 @@ def _convert(name: str, conversion: str, lake: Any) -> Any:
         converted = F.concat(column, F.lit("Z")).cast(lake)  # the session ran in UTC
     elif conversion == "nonzero":
         converted = (column.cast("long") != 0).cast(lake)
+    elif conversion == "unix_date":  # proleptic Gregorian days: no calendar conversion on the way
+        converted = F.date_from_unix_date(column.cast("int"))
+    elif conversion == "unix_micros":  # the session runs in UTC, so timestamp_ntz keeps the wall clock
+        converted = F.timestamp_micros(column.cast("long")).cast(lake)
     else:
         converted = column.cast(lake)
     return converted.alias(name)
@@ -221,7 +228,8 @@ def scratch_copy(
     path = f"{table.lake_root.rstrip('/')}/_scratch/{purpose}-{uuid.uuid4().hex[:8]}"
     try:
         with source.snapshot(table.config, kafka, table.topic, max(1, spark.sparkContext.defaultParallelism)) as plan:
-            read_plan(spark, plan).write.format("delta").mode("overwrite").save(path)
+            frame = read_plan(spark, plan)
+            frame.write.format("delta").mode("overwrite").options(**table_options(frame.schema)).save(path)
         yield spark.read.format("delta").load(path), plan
     finally:
         remove_path(spark, path)

@@ -9,10 +9,19 @@ state is in ``<lake>/_ledger`` (``lake/ledger.py``).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cdc_platform.config.model import PlatformConfig, TableConfig
 from cdc_platform.envelope.encoding import ValueEncoding
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import DataType
+
+# characters Parquet (and Delta without column mapping) refuse in a column name
+PARQUET_UNSAFE_NAME = re.compile(r"[ ,;{}()\n\t=]")
 
 
 @dataclass(frozen=True)
@@ -66,3 +75,27 @@ def lake_table(config: PlatformConfig, table: TableConfig) -> LakeTable:
 
 def lake_tables(config: PlatformConfig) -> list[LakeTable]:
     return [lake_table(config, t) for t in config.tables]
+
+
+def table_options(schema: DataType) -> dict[str, str]:
+    """Delta table properties for a new table of this shape, as writer options. Column
+    mapping (by name) only when a column name, at any depth, has a character Parquet
+    refuses ("Order Id"): it needs reader features that delta-rs' and DuckDB's plain
+    readers lack, so every other table goes without. A table keeps what it was created
+    with."""
+    unsafe = any(PARQUET_UNSAFE_NAME.search(name) for name in _field_names(schema))
+    return {"delta.columnMapping.mode": "name"} if unsafe else {}
+
+
+def _field_names(data_type: DataType) -> Iterator[str]:
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(data_type, StructType):
+        for field in data_type.fields:
+            yield field.name
+            yield from _field_names(field.dataType)
+    elif isinstance(data_type, ArrayType):
+        yield from _field_names(data_type.elementType)
+    elif isinstance(data_type, MapType):
+        yield from _field_names(data_type.keyType)
+        yield from _field_names(data_type.valueType)

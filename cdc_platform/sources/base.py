@@ -38,7 +38,8 @@ class Capabilities:
 @dataclass(frozen=True)
 class ColumnRead:
     """One column of a JDBC snapshot read: what the source evaluates, and how Spark turns
-    the JDBC value into the lake type (cast | json_array | hex | utc_text | nonzero)."""
+    the JDBC value into the lake type (cast | json_array | hex | utc_text | nonzero |
+    unix_date | unix_micros)."""
 
     name: str
     select_sql: str

@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 from cdc_platform.config.model import TableConfig
-from cdc_platform.envelope.pgtypes import numeric_precision_scale
+from cdc_platform.envelope.pgtypes import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, numeric_precision_scale
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.model.generations import Watermark
 from cdc_platform.model.tables import LakeColumn, SourceTable, TableSchema, resolve_key
@@ -38,7 +38,7 @@ ROWS_PER_PARTITION = 250_000
 MAX_DECIMAL_PRECISION = 38
 INTEGER_KINDS = {"int16", "int32", "int64"}
 # kinds JDBC reads exactly as they are
-_PLAIN_KINDS = {"int16", "int32", "int64", "float32", "float64", "bool", "date", "timestamp", "timestamptz", "bytea"}
+_PLAIN_KINDS = {"int16", "int32", "int64", "float32", "float64", "bool", "bytea"}
 # the session settings that make text forms unambiguous (the same as capture's)
 SESSION_SQL = "SET TimeZone = 'UTC'; SET IntervalStyle = 'iso_8601'; SET extra_float_digits = 1"
 
@@ -121,12 +121,23 @@ def column_read(column: LakeColumn) -> ColumnRead:
         return ColumnRead(name, f"regexp_replace(({ident} AT TIME ZONE 'UTC')::text, '\\+00$', 'Z') AS {ident}")
     if kind == "money":
         return ColumnRead(name, f"{ident}::numeric(19,2) AS {ident}")
+    if kind == "date":  # days since 1970, as capture: JDBC's java.sql.Date rebases through the Julian calendar
+        days = f"{ident} - DATE '1970-01-01'"
+        return ColumnRead(name, f"{_infinite_as(ident, INT32_MAX, INT32_MIN, days)} AS {ident}", "unix_date")
+    if kind in ("timestamp", "timestamptz"):  # microseconds since 1970 (UTC for timestamptz), as capture
+        micros = f"(EXTRACT(EPOCH FROM {ident}) * 1000000)::bigint"
+        return ColumnRead(name, f"{_infinite_as(ident, INT64_MAX, INT64_MIN, micros)} AS {ident}", "unix_micros")
     if kind in _PLAIN_KINDS or (kind == "numeric" and fits_decimal(column.typmod)):
         return ColumnRead(name, ident)
     if pgtype.name in ("text", "varchar", "bpchar", "name"):
         # read as is: char(n)::text would drop the padding that the column (and capture) keep
         return ColumnRead(name, ident)
     return ColumnRead(name, f"{ident}::text AS {ident}")
+
+
+def _infinite_as(ident: str, top: int, bottom: int, finite: str) -> str:
+    """PostgreSQL's ±infinity as capture represents it (the extreme integers)."""
+    return f"CASE WHEN {ident} = 'infinity' THEN {top} WHEN {ident} = '-infinity' THEN {bottom} ELSE {finite} END"
 
 
 def fits_decimal(typmod: int) -> bool:

@@ -18,7 +18,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 import psycopg2
@@ -30,7 +30,7 @@ from cdc_platform.config.model import PostgresSource, TableConfig
 from cdc_platform.envelope import pgoutput
 from cdc_platform.envelope.debezium import ColumnSpec, EnvelopeCodec, Record, SourcePosition, TableShape
 from cdc_platform.envelope.lsn import format_lsn
-from cdc_platform.envelope.pgtypes import ConversionOptions, PgType
+from cdc_platform.envelope.pgtypes import ConversionError, ConversionOptions, PgType
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.model.errors import CdcError, FatalError, RetriableError, SlotLostError, SourceTableError
 from cdc_platform.model.tables import resolve_key
@@ -405,11 +405,21 @@ class PostgresCapture:
         shape = relations.get(message.relation_id)
         if shape is None:
             return []
-        if isinstance(message, pgoutput.Insert):
-            return codec.change_records(shape, "c", message.new, None, False, position, now_us)
-        if isinstance(message, pgoutput.Update):
-            return codec.change_records(shape, "u", message.new, message.old, message.old_kind == "O", position, now_us)
-        return codec.change_records(shape, "d", None, message.old, message.old_kind == "O", position, now_us)
+        op: Literal["c", "u", "d"] = "c" if isinstance(message, pgoutput.Insert) else "u"
+        if isinstance(message, pgoutput.Delete):
+            op = "d"
+        new = None if isinstance(message, pgoutput.Delete) else message.new
+        old = None if isinstance(message, pgoutput.Insert) else message.old
+        full = not isinstance(message, pgoutput.Insert) and message.old_kind == "O"
+        try:
+            return codec.change_records(shape, op, new, old, full, position, now_us)
+        except ConversionError as exc:  # never a reason to stop every table of the source
+            log.warning(
+                "capture %s: %s.%s at LSN %s: %s; sent to %s as an unconvertible-value event (the lake "
+                "dead-letters it or stops this table, per its errors.tolerance); the other tables keep streaming",
+                self.endpoint.name, shape.schema, shape.table, format_lsn(position.lsn), exc, shape.topic,
+            )  # fmt: skip
+            return [codec.unconvertible_record(shape, op, new if new is not None else old, position, now_us, exc)]
 
     def _heartbeat(self, producer: Producer, confirmed: int, lag_s: float = 0.0) -> None:
         """Debezium-style heartbeat record: consumers of quiet topics still see time pass,
@@ -521,7 +531,7 @@ class _Session:
                 break
             except BufferError:  # local queue full: let deliveries drain
                 self.producer.poll(0.1)
-        self.capture.stats.events[record.op or "tombstone"] += 1
+        self.capture.stats.events["unconvertible" if record.unconvertible else record.op or "tombstone"] += 1
 
 
 def _delivery(tracker: AckTracker, txn: _Transaction) -> Callable[[KafkaError | None, Message], None]:
