@@ -80,5 +80,5 @@ class Lake:
         committed = self.ledger.committed(key)
         assert committed is not None, f"{key} has no committed generation"
         frame = self.read_current(key) if current is None else current
-        inputs = CompletenessInputs(frame, committed, applied.frontier, applied.applied_position)
+        inputs = CompletenessInputs(frame, committed, applied.frontier)
         return check_completeness(self.spark, self.ledger, self.source(key), self.kafka, self.table(key), inputs)

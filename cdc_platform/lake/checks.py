@@ -185,7 +185,6 @@ class CompletenessInputs:
     current: DataFrame
     committed: Generation
     frontier: dict[int, int]
-    applied_position: int
 
 
 def check_completeness(
@@ -296,20 +295,26 @@ def _in_flight_keys(
     spark: SparkSession, kafka: KafkaClients, table: LakeTable, spans: list[tuple[int, int, int]],
     schema: TableSchema,
 ) -> DataFrame | None:  # fmt: skip
-    """The keys (old and new) of every event in ``spans``, cached; None when a truncate is
-    among them (every key is in flight then)."""
+    """The keys (old and new) of every event in ``spans``, cached, decoded once; None when
+    a truncate is among them (every key is in flight then)."""
     from pyspark.sql import functions as F
 
     from cdc_platform.lake.changelog import read_offsets
 
     keys = list(schema.key)
     events = read_offsets(spark, kafka, table, spans, schema)
-    images = [events.select(*[F.col(image).getField(k).alias(k) for k in keys]) for image in ("before", "after")]
-    summary = events.agg(F.max(F.when(F.col("op") == "t", 1).otherwise(0)).alias("t")).first()
-    if summary is not None and summary["t"] == 1:
+    # one decoding pass: each event's old and new key, truncates marked by a null-key row
+    truncate = F.col("op") == "t"
+    images = [
+        events.select(truncate.alias("_truncate"), *[F.col(image).getField(k).alias(k) for k in keys])
+        for image in ("before", "after")
+    ]
+    marked = images[0].unionByName(images[1]).where("_truncate OR " + " OR ".join(f"`{k}` IS NOT NULL" for k in keys))
+    moved = marked.distinct().cache()
+    if moved.where("_truncate").limit(1).count():
+        moved.unpersist()
         return None
-    moved = images[0].unionByName(images[1]).dropna(how="all").distinct()
-    return moved.cache()
+    return moved  # _truncate is false on every row left; joins on the keys ignore it
 
 
 @dataclass

@@ -197,7 +197,7 @@ class CurrentStep:
         )
         report = check_keys(frame, recent_changelog(self.spark, self.ledger, self.table), keys)
         yield self._check(KEYS_CHECK, report.passed, keys_check_metadata(report))
-        inputs = CompletenessInputs(frame.drop(*POSITION_COLUMNS), committed, result.frontier, result.applied_position)
+        inputs = CompletenessInputs(frame.drop(*POSITION_COLUMNS), committed, result.frontier)
         completeness = check_completeness(
             self.spark, self.ledger, self.source, self.kafka.clients(), self.table, inputs
         )
