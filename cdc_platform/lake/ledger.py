@@ -12,7 +12,8 @@ Five append-only Delta tables under ``<lake>/_ledger/``, read and written with d
 * ``feeds`` — readings of the source's rows-written counter and the topic's end offsets
   (``model.feeds``: is the topic fed?).
 
-Appends only, so concurrent writers never conflict: the state is the fold of the rows
+Appends only, so concurrent writers never lose each other (a commit that loses a race,
+e.g. two writers creating a table at once, is written again): the state is the fold of the rows
 (``model.generations.fold``; the newest ``current`` row; the first recording of a
 window). Every ``MAINTAIN_EVERY`` commits a writer compacts the table and checkpoints
 its log, so reads stay one file and one checkpoint however long the history.
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import json
 import logging
+import random
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,6 +41,9 @@ from cdc_platform.model.tables import TableSchema
 from cdc_platform.model.windows import WindowPlan, WindowRange
 
 log = logging.getLogger("cdc_platform.ledger")
+
+COMMIT_ATTEMPTS = 8  # with jitter, ~20 s of contention before the run's own retry takes over
+COMMIT_RETRY_BASE_S = 0.05
 
 MAINTAIN_EVERY = 100
 VACUUM_RETENTION_HOURS = 1
@@ -231,15 +237,30 @@ class Ledger:
         return rows
 
     def _append(self, name: str, rows: list[dict[str, Any]]) -> None:
-        from deltalake import write_deltalake
+        import deltalake
+        from deltalake.exceptions import CommitFailedError
 
         if not rows:
             return
         data = pa.Table.from_pylist(rows, schema=SCHEMAS[name])
-        try:
-            write_deltalake(self._path(name), data, mode="append", storage_options=self.storage_options or None)
-        except OSError as exc:
-            raise RetriableError(f"ledger {self._path(name)} cannot be written: {exc}") from None
+        for attempt in range(COMMIT_ATTEMPTS):
+            try:
+                deltalake.write_deltalake(
+                    self._path(name), data, mode="append", storage_options=self.storage_options or None
+                )
+                break
+            except CommitFailedError as exc:
+                # another writer committed first (two creating the table at once, or a
+                # compaction): nothing of ours landed, so writing again is safe
+                log.info("ledger %s: commit lost to another writer (%s), retrying", name, exc)
+                time.sleep(COMMIT_RETRY_BASE_S * 2**attempt * (1 + random.random()))  # noqa: S311 (jitter, not a secret)
+            except OSError as exc:
+                raise RetriableError(f"ledger {self._path(name)} cannot be written: {exc}") from None
+        else:
+            raise RetriableError(
+                f"ledger {self._path(name)}: lost {COMMIT_ATTEMPTS} commits in a row to other writers; "
+                "the run retries (many writers on one ledger table at once? check for runaway runs)"
+            )
         self._maintain(name)
 
     def _maintain(self, name: str) -> None:

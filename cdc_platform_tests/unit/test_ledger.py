@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,7 @@ from cdc_platform.envelope.pgtypes import builtin_type
 from cdc_platform.lake import ledger as ledger_module
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.model.coverage import walk
+from cdc_platform.model.errors import RetriableError
 from cdc_platform.model.generations import GenerationEvent, GenerationStatus, Watermark
 from cdc_platform.model.state import CurrentPosition, SchemaRecord
 from cdc_platform.model.tables import LakeColumn, TableSchema
@@ -91,8 +93,9 @@ def test_schema_history_and_the_schema_the_lake_decodes_with(tmp_path: Path) -> 
     assert ledger.latest_schema("s.t") == v2
 
 
-def _append_windows(root: str, writer: int) -> None:
+def _append_windows(root: str, writer: int, start: Any) -> None:
     ledger = Ledger(root)
+    start.wait()  # all writers race for the table's first commit, as CI's did
     for i in range(10):
         ledger.record_window("s.t", WindowPlan(f"{writer}-{i}", (WindowRange(writer, i, i + 1, ""),), reused=False))
 
@@ -100,13 +103,51 @@ def _append_windows(root: str, writer: int) -> None:
 def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     # delta-rs' runtime does not survive fork: writers are spawned, as Dagster's run workers are
     context = multiprocessing.get_context("spawn")
-    writers = [context.Process(target=_append_windows, args=(str(tmp_path), w)) for w in range(3)]
+    start = context.Event()
+    writers = [context.Process(target=_append_windows, args=(str(tmp_path), w, start)) for w in range(3)]
     for w in writers:
         w.start()
+    start.set()
     for w in writers:
         w.join(60)
     assert [w.exitcode for w in writers] == [0, 0, 0]
     assert len(Ledger(str(tmp_path)).windows("s.t")) == 30
+
+
+def test_a_commit_lost_to_another_writer_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # CI lost a window this way: two writers created the table at once, delta-rs refused
+    # the loser's commit ("Protocol changed since last commit") and the run failed
+    import deltalake
+    from deltalake.exceptions import CommitFailedError
+
+    real_write = deltalake.write_deltalake
+    lost: list[int] = []
+
+    def lose_twice(*args: Any, **kwargs: Any) -> None:
+        if len(lost) < 2:
+            lost.append(1)
+            raise CommitFailedError("Failed to commit transaction: Protocol changed since last commit")
+        real_write(*args, **kwargs)
+
+    monkeypatch.setattr(deltalake, "write_deltalake", lose_twice)
+    monkeypatch.setattr(ledger_module, "COMMIT_RETRY_BASE_S", 0.001)
+    ledger = Ledger(str(tmp_path))
+    ledger.record_window("s.t", WindowPlan("w1", (WindowRange(0, 0, 5, ""),), reused=False))
+    assert len(lost) == 2
+    assert list(ledger.windows("s.t")) == ["w1"]
+
+
+def test_a_writer_that_keeps_losing_gives_up_as_retriable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import deltalake
+    from deltalake.exceptions import CommitFailedError
+
+    def always_lose(*args: Any, **kwargs: Any) -> None:
+        raise CommitFailedError("Failed to commit transaction: Protocol changed since last commit")
+
+    monkeypatch.setattr(deltalake, "write_deltalake", always_lose)
+    monkeypatch.setattr(ledger_module, "COMMIT_RETRY_BASE_S", 0.001)
+    with pytest.raises(RetriableError, match=r"lost .* commits in a row"):
+        Ledger(str(tmp_path)).record_window("s.t", WindowPlan("w1", (WindowRange(0, 0, 5, ""),), reused=False))
 
 
 def test_maintenance_compacts_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
