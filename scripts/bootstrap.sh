@@ -56,6 +56,17 @@ if ((${#need_apt[@]})); then
   restore_units "$units_before"
 fi
 
+# The edge-values test writes money under another locale's lc_monetary (de_DE: '1.234,56 €'):
+# compile that one locale from Debian's locale data if the machine lacks it (not in --python-only)
+if ((!PYTHON_ONLY)) && ! locale -a 2>/dev/null | grep -qix 'de_DE.utf8'; then
+  say "compiling the de_DE.UTF-8 locale (edge-values test)"
+  LOCALE_SUDO=""
+  [[ $(id -u) -eq 0 ]] || LOCALE_SUDO="sudo"
+  command -v localedef >/dev/null || $LOCALE_SUDO env RUNLEVEL=1 apt-get install -y -q --no-install-recommends locales \
+    || die "apt-get install locales failed"
+  $LOCALE_SUDO localedef -i de_DE -f UTF-8 de_DE.UTF-8 || die "localedef de_DE.UTF-8 failed (package locales)"
+fi
+
 # --- Python venv --------------------------------------------------------------
 PY="$(command -v python3.11 || true)"
 [[ -n "$PY" ]] || die "python3.11 not found after install"

@@ -12,18 +12,19 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 import orjson
 
 from cdc_platform.envelope.debezium import UNAVAILABLE
-from cdc_platform.envelope.decode import parse_zoned_timestamp
+from cdc_platform.envelope.decode import date_value, parse_zoned_timestamp, wall_clock_value
 from cdc_platform.envelope.encoding import PLATFORM_ENCODING, ValueEncoding
 from cdc_platform.envelope.lsn import format_lsn
 from cdc_platform.envelope.pgtypes import (
-    EPOCH_DATE,
+    INT64_MAX,
+    INT64_MIN,
     PgType,
     bytes_to_decimal,
     numeric_precision_scale,
@@ -191,20 +192,20 @@ def lake_value(
     if kind in ("numeric", "money"):
         scale = (19, 2) if kind == "money" else numeric_precision_scale(typmod)
         return _numeric(raw, scale, precise=encoding.decimal == "precise")
-    if kind == "date":
-        return date.fromordinal(EPOCH_DATE.toordinal() + int(raw))
+    if kind == "date":  # days since 1970; BC and years past 9999 stay days (Arrow's date32 takes them)
+        return date_value(int(raw))
     if kind == "time":
         if not isinstance(raw, int):
             return str(raw)
         return format_time_micros(raw * 1000 if encoding.in_millis(kind, typmod) else raw)
     if kind == "timestamp":
         unit = 1000 if encoding.in_millis(kind, typmod) else 1
-        return datetime(1970, 1, 1) + timedelta(microseconds=int(raw) * unit)
+        return wall_clock_value(_in_int64(int(raw) * unit))
     if kind == "timestamptz":
         parsed = parse_zoned_timestamp(str(raw))
-        if isinstance(parsed, str):
-            raise ValueError("infinite timestamps cannot be stored in the lake")
-        return parsed
+        if isinstance(parsed, str):  # ±infinity: the extreme instants, as the snapshot reads them
+            return INT64_MAX if parsed == "infinity" else INT64_MIN
+        return _in_int64(parsed) if isinstance(parsed, int) else parsed
     if kind == "bytea":
         return encoding.binary_value(str(raw))
     if kind == "array":
@@ -215,6 +216,13 @@ def lake_value(
     if kind == "json" and not isinstance(raw, str):
         return json.dumps(raw)
     return str(raw) if not isinstance(raw, str) else raw
+
+
+def _in_int64(micros: int) -> int:
+    """The lake's timestamps are 64-bit microseconds (to 294247-01-10); PostgreSQL goes to 294276."""
+    if not INT64_MIN <= micros <= INT64_MAX:
+        raise ValueError("the instant is beyond the lake's timestamp range (294247-01-10, 64-bit microseconds)")
+    return micros
 
 
 def _array(items: list[Any], element: PgType, typmod: int, encoding: ValueEncoding, dims: int) -> list[Any]:
@@ -248,6 +256,10 @@ def _numeric(raw: Any, precision_scale: tuple[int, int] | None, precise: bool) -
     else:
         raise TypeError("not a decimal")
     if precision_scale is not None and precision_scale[0] <= MAX_DECIMAL_PRECISION:
+        if not value.is_finite():
+            raise ValueError(
+                f"{value} does not fit the lake's decimal{precision_scale} (only numeric without (p,s) keeps it)"
+            )
         return value
     # plain digits as PostgreSQL prints them (str() would give '-1E-36' for tiny values)
     return format(value, "f")

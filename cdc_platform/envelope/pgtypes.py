@@ -243,7 +243,50 @@ def _date(text: str) -> int:
         return INT32_MAX
     if text == "-infinity":
         return INT32_MIN
-    return (date.fromisoformat(text) - EPOCH_DATE).days
+    return _pg_date_days(text)
+
+
+def _pg_date_days(text: str) -> int:
+    """Days since 1970 of PostgreSQL's ISO date output, BC and years past 9999 included
+    ('4714-11-24 BC' is astronomical year -4713; Python's date stops at 1..9999)."""
+    day, _, era = text.partition(" ")
+    year, month, dom = (int(part) for part in day.split("-"))
+    if era not in ("", "BC"):
+        raise ValueError(f"unexpected date text {text!r}")
+    return days_from_civil(1 - year if era == "BC" else year, month, dom)
+
+
+def days_from_civil(year: int, month: int, day: int) -> int:
+    """Proleptic Gregorian (astronomical year: 0 is 1 BC) to days since 1970-01-01."""
+    if not (1 <= month <= 12 and 1 <= day <= 31):
+        raise ValueError(f"no such date: {year}-{month}-{day}")
+    year -= month <= 2
+    era = year // 400
+    year_of_era = year - era * 400
+    day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    return era * 146097 + day_of_era - 719468
+
+
+def civil_from_days(days: int) -> tuple[int, int, int]:
+    """Days since 1970-01-01 to a proleptic Gregorian (year, month, day), any year."""
+    days += 719468
+    era = days // 146097
+    day_of_era = days - era * 146097
+    year_of_era = (day_of_era - day_of_era // 1460 + day_of_era // 36524 - day_of_era // 146096) // 365
+    day_of_year = day_of_era - (365 * year_of_era + year_of_era // 4 - year_of_era // 100)
+    mp = (5 * day_of_year + 2) // 153
+    day = day_of_year - (153 * mp + 2) // 5 + 1
+    month = mp + 3 if mp < 10 else mp - 9
+    return year_of_era + era * 400 + (month <= 2), month, day
+
+
+def iso_year(year: int) -> str:
+    """A year as Java's ISO formatters print it ('-4713', '0001', '+10000'), so far years
+    read the same in our envelopes and Debezium's."""
+    if year > 9999:
+        return f"+{year}"
+    return f"-{-year:04d}" if year < 0 else f"{year:04d}"
 
 
 def _split_time(text: str) -> int:
@@ -288,16 +331,30 @@ def _timestamp_micros(text: str) -> int:
         return INT64_MAX
     if text == "-infinity":
         return INT64_MIN
+    micros = _local_micros(text)
+    if not INT64_MIN < micros < INT64_MAX:  # the extremes mean ±infinity
+        raise ValueError("beyond a 64-bit microsecond count (MicroTimestamp ends at 294247-01-10)")
+    return micros
+
+
+def _local_micros(text: str) -> int:
+    text, era = _era(text)
     day, _, clock = text.partition(" ")
-    days = (date.fromisoformat(day) - EPOCH_DATE).days
+    days = _pg_date_days(day + era)
     return days * 86_400 * 1_000_000 + _split_time(clock)
+
+
+def _era(text: str) -> tuple[str, str]:
+    """PostgreSQL ends BC values with ' BC', after the time and the offset."""
+    return (text[:-3], " BC") if text.endswith(" BC") else (text, "")
 
 
 def _timestamptz(text: str) -> str:
     if text in ("infinity", "-infinity"):
         return text
+    text, era = _era(text)
     local, offset = _offset_micros(text)
-    micros = _timestamp_micros(local) - offset
+    micros = _local_micros(local + era) - offset
     return format_utc_micros(micros)
 
 
@@ -306,8 +363,8 @@ def format_utc_micros(micros: int) -> str:
     seconds, fraction = divmod(rest, 1_000_000)
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
-    day = date.fromordinal(EPOCH_DATE.toordinal() + days)
-    return f"{day.isoformat()}T{h:02d}:{m:02d}:{s:02d}{_fraction(fraction)}Z"
+    year, month, day = civil_from_days(days)
+    return f"{iso_year(year)}-{month:02d}-{day:02d}T{h:02d}:{m:02d}:{s:02d}{_fraction(fraction)}Z"
 
 
 def _bytea(text: str) -> bytes:

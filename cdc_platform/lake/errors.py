@@ -19,6 +19,14 @@ _FATAL = (
      "the table is missing in the source; fix the name in the config or create it"),
     (re.compile(r"permission denied|command denied|access denied", re.I),
      "the platform's role lacks a privilege; grant SELECT on the table (see README, roles)"),
+    (re.compile(r"bigint out of range", re.I),
+     "a timestamp holds an instant after 294247-01-10, beyond the lake's 64-bit microseconds "
+     "(PostgreSQL allows up to 294276); correct the value, then take a generation again "
+     "(the changelog dead-letters such changes meanwhile)"),
+    (re.compile(r"bad value for type bigdecimal ?: ?nan", re.I),
+     "a numeric(p,s) column holds NaN, which the lake's decimal(p,s) cannot hold (numeric without (p,s) keeps "
+     "it as text); correct the value or declare the column numeric, then take a generation again "
+     "(the changelog dead-letters such changes meanwhile)"),
     (re.compile(r"column .* does not exist|unknown column", re.I),
      "a column changed in the source; take a new generation (cdc-platform rehydrate)"),
 )  # fmt: skip
@@ -30,11 +38,20 @@ _RETRIABLE = re.compile(
 )
 
 
+# raised in a Spark task by a read that meets a value its lake type cannot hold
+# (lake/snapshot.py): the message names the column and the fix
+VALUE_REFUSED = "lake value refused"
+_VALUE_REFUSED = re.compile(VALUE_REFUSED + r": (.*?)(?: SQLSTATE|$)")
+
+
 def classify_spark_error(exc: BaseException, context: str) -> CdcError:
     """``exc`` from a Spark action in ``context`` (e.g. 'snapshot of shop.public.orders')."""
     if isinstance(exc, CdcError):
         return exc
     text = " ".join(str(exc).split())
+    refused = _VALUE_REFUSED.search(text)
+    if refused:
+        return FatalError(f"{context}: {refused.group(1)}")
     for pattern, fix in _FATAL:
         if pattern.search(text):
             return FatalError(f"{context}: {fix} ({_first_cause(text)})")

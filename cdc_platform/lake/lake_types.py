@@ -7,17 +7,17 @@ envelopes), so both land identical values for the same row:
 |---|---|---|
 | smallint / integer / bigint | short / int / long | |
 | real / double precision | float / double | |
-| numeric(p,s), p ≤ 38 | decimal(p,s) | exact |
+| numeric(p,s), p ≤ 38 | decimal(p,s) | exact; NaN refused (a dead letter) |
 | numeric, or p > 38 | string (PostgreSQL's text) | Spark decimals stop at 38 digits; text keeps every digit |
 | money | decimal(19,2) | |
-| boolean, date, bytea | boolean, date, binary | |
-| timestamp | timestamp_ntz | no zone in the source, none invented |
-| timestamp with time zone | timestamp (UTC instant) | |
+| boolean, date, bytea | boolean, date, binary | dates of any year (BC too); ±infinity as the extreme days |
+| timestamp | timestamp_ntz | no zone in the source, none invented; ±infinity as the extreme microseconds |
+| timestamp with time zone | timestamp (UTC instant) | as timestamp; past 294247-01-10 refused (64-bit µs) |
 | time | string 'HH:MM:SS[.ffffff]' | Spark has no time-of-day type |
 | time with time zone | string 'HH:MM:SS[.f]Z' in UTC | as capture writes it |
 | interval | string, ISO 8601 | Delta has no interval type; text is exact |
 | uuid, json, jsonb, enum, text, inet, … | string | |
-| arrays | array of the element's lake type (nested by declared dimensions) | |
+| arrays | array of the element's lake type (nested by declared dimensions) | another depth is refused | |
 """
 
 from __future__ import annotations

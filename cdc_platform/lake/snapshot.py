@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.kafka.clients import KafkaClients
-from cdc_platform.lake.errors import classify_spark_error
+from cdc_platform.lake.errors import VALUE_REFUSED, classify_spark_error
 from cdc_platform.lake.lake_types import lake_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
@@ -191,7 +191,12 @@ def _convert(name: str, conversion: str, lake: Any) -> Any:
 
     column = F.col(quote_spark(name))
     if conversion == "json_array":
-        converted = F.from_json(column, lake)
+        # from_json gives NULL for an array of another depth than the lake type (PostgreSQL
+        # does not enforce declared dimensions): refuse the read, never write the NULL
+        parsed = F.from_json(column, lake)
+        converted = F.when(column.isNotNull() & parsed.isNull(), F.raise_error(F.lit(_depth_refusal(name)))).otherwise(
+            parsed
+        )
     elif conversion == "hex":
         converted = F.unhex(column)
     elif conversion == "utc_text":
@@ -205,6 +210,15 @@ def _convert(name: str, conversion: str, lake: Any) -> Any:
     else:
         converted = column.cast(lake)
     return converted.alias(name)
+
+
+def _depth_refusal(name: str) -> str:
+    return (
+        f"{VALUE_REFUSED}: column {name!r} holds an array with other dimensions than the column declares, "
+        "and the lake's type follows the declaration. Fix: declare the dimensions the values have "
+        f"(ALTER TABLE … ALTER COLUMN {name} TYPE <element>[][]), or make the values match, then take "
+        "a generation again (cdc-platform rehydrate); the changelog dead-letters such changes meanwhile"
+    )
 
 
 def quote_spark(name: str) -> str:

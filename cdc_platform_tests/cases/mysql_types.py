@@ -67,3 +67,27 @@ def type_cases_ddl(table: str = "type_cases") -> str:
         f"CREATE TABLE {table} (\n  id BIGINT AUTO_INCREMENT PRIMARY KEY,\n  case_name VARCHAR(40) NOT NULL,\n  "
         f"{columns},\n  updated_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6)\n)"
     )
+
+
+# Values at the edges, one row per case in the same table: (case, column, SQL literal, lake value)
+MYSQL_EDGE_CASES: list[tuple[str, str, str, Any]] = [
+    ("date_first", "c_date", "'1000-01-01'", date(1000, 1, 1)),
+    ("date_gap", "c_date", "'1582-10-10'", date(1582, 10, 10)),  # no Julian calendar on the way
+    ("date_last", "c_date", "'9999-12-31'", date(9999, 12, 31)),
+    ("datetime_year_1", "c_datetime", "'0001-01-01 00:00:00'", datetime(1, 1, 1)),
+    ("datetime_gap", "c_datetime", "'1582-10-10 12:34:56.789'", datetime(1582, 10, 10, 12, 34, 56, 789000)),
+    ("datetime_last", "c_datetime", "'9999-12-31 23:59:59.999999'", datetime(9999, 12, 31, 23, 59, 59, 999999)),
+    ("timestamp_first", "c_timestamp", "'1970-01-01 00:00:01'", datetime(1970, 1, 1, 0, 0, 1)),
+    ("timestamp_last", "c_timestamp", "'2038-01-19 03:14:07.999999'", datetime(2038, 1, 19, 3, 14, 7, 999999)),
+    ("time_last", "c_time", "'838:59:59.999'", "838:59:59.999"),
+    ("double_largest", "c_double", "1.7976931348623157e308", 1.7976931348623157e308),
+    ("double_denormal", "c_double", "4.9e-324", 5e-324),
+    ("decimal_wide_lowest", "c_decimal_wide", "-" + "9" * 40 + "." + "9" * 10, "-" + "9" * 40 + "." + "9" * 10),
+    ("text_escapes", "c_text", "'tab\\there \\\\ back \"q\" ''s ✓ \\r\\n'", 'tab\there \\ back "q" \'s ✓ \r\n'),
+    ("text_empty", "c_varchar", "''", ""),
+    ("json_duplicate_keys", "c_json", '\'{"a": 1, "a": 2}\'', '{"a": 1, "a": 2}'),
+    ("year_first", "c_year", "1901", 1901),
+    ("year_last", "c_year", "2155", 2155),
+    ("bit_all_ones", "c_bit", "b'11111111'", 255),
+    ("bigint_u_zero", "c_bigint_u", "0", Decimal(0)),
+]

@@ -16,7 +16,7 @@ import pytest
 from cdc_platform.devtools.lake import Lake
 from cdc_platform.devtools.stack import StackProfile
 from cdc_platform.lake.verify import VerifyContext, verify_table
-from cdc_platform_tests.cases.mysql_types import MYSQL_TYPE_CASES, type_cases_ddl
+from cdc_platform_tests.cases.mysql_types import MYSQL_EDGE_CASES, MYSQL_TYPE_CASES, type_cases_ddl
 from cdc_platform_tests.integration.polling_env import PollingEnv, make_polling_env
 
 ACCOUNTS_DDL = """CREATE TABLE accounts (
@@ -63,20 +63,23 @@ def test_every_mariadb_type_lands_the_same_through_snapshot_and_polling(env: Pol
     key = f"crm.{env.database}.type_cases"
     lake.snapshot(key, "g1")  # empty: every row arrives through polling
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+    # one row per type, then one row per edge case (each sets one column)
+    cases = [(name, name, literal, value) for name, _, literal, value, _ in MYSQL_TYPE_CASES] + MYSQL_EDGE_CASES
     with env.db() as db:
-        for name, _, literal, *_ in MYSQL_TYPE_CASES:
-            db.execute(f"INSERT INTO type_cases (case_name, {name}) VALUES ('{name}', {literal})")
+        for case, column, literal, _ in cases:
+            db.execute(f"INSERT INTO type_cases (case_name, {column}) VALUES ('{case}', {literal})")
     _window(env, lake, key, start)
     applied = lake.current(key)
-    assert applied.changes_applied == len(MYSQL_TYPE_CASES)
-    expected = {name: value for name, _, _, value, _ in MYSQL_TYPE_CASES}
+    assert applied.changes_applied == len(cases)
+    expected = {case: value for case, _, _, value in cases}
+    column_of = {case: column for case, column, _, _ in cases}
     current = lake.read_current(key)
-    assert {r["case_name"]: r[r["case_name"]] for r in current.collect()} == expected
+    assert {r["case_name"]: r[column_of[r["case_name"]]] for r in current.collect()} == expected
     # and through a Spark JDBC snapshot: the same types, the same values, the same rows
     snapshot = spark.read.format("delta").load(lake.snapshot(key, "g2").path)
     lake_types = {f.name: f.dataType.simpleString() for f in snapshot.schema.fields}
     assert {name: lake_types[name] for name, *_ in MYSQL_TYPE_CASES} == {n: t for n, *_, t in MYSQL_TYPE_CASES}
-    assert {r["case_name"]: r[r["case_name"]] for r in snapshot.collect()} == expected
+    assert {r["case_name"]: r[column_of[r["case_name"]]] for r in snapshot.collect()} == expected
     assert snapshot.schema == current.schema
     assert (snapshot.exceptAll(current).count(), current.exceptAll(snapshot).count()) == (0, 0)
     unsigned_max = snapshot.where("case_name = 'c_bigint_u'").first()

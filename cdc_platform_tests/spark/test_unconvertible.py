@@ -1,7 +1,8 @@
 """No value stops a source (real PostgreSQL, Kafka, Spark): a timestamp capture cannot
-convert, and a 2-D value in an int[] column, in one table. Capture keeps streaming every
-table, restarts without looping on the value, and that table's changelog dead-letters
-both (errors.tolerance: all) or stops with the reason (none), never a failed task."""
+convert (past 294247, beyond 64-bit microseconds), and a 2-D value in an int[] column,
+in one table. Capture keeps streaming every table, restarts without looping on the
+value, and that table's changelog dead-letters both (errors.tolerance: all) or stops
+with the reason (none), never a failed task."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ DDL = [
     "CREATE TABLE edges (id int PRIMARY KEY, ts timestamp, xs int[])",
     "CREATE TABLE items (id int PRIMARY KEY, body text)",
 ]
+
+TOO_LATE = "294276-12-31 23:59:59"  # PostgreSQL's last timestamp; MicroTimestamp ends at 294247
 
 
 @pytest.fixture
@@ -50,9 +53,9 @@ def test_an_unconvertible_value_stops_neither_the_source_nor_a_spark_task(env: C
     lake, key, t0 = _generation(env, spark)
     with env.app() as app:
         app.execute("INSERT INTO edges VALUES (1, '2026-11-24 10:00', '{1,2}')")
-        # PostgreSQL accepts both: a timestamp capture cannot convert (issue 15's crash:
-        # "invalid literal for int() with base 10: '00 BC'"), declared dimensions unenforced
-        app.execute("INSERT INTO edges VALUES (2, '4713-01-01 00:00:00 BC', '{3}')")
+        # PostgreSQL accepts both: a timestamp no 64-bit microsecond count holds (issue 15's
+        # crash was a BC timestamp, now exact), declared dimensions unenforced
+        app.execute(f"INSERT INTO edges VALUES (2, '{TOO_LATE}', '{{3}}')")
         app.execute("INSERT INTO edges VALUES (3, '2026-11-24 11:00', '{{1,2},{3,4}}')")
         app.execute("INSERT INTO items VALUES (1, 'after the bad values')")
         app.execute("UPDATE edges SET xs = '{5}' WHERE id = 1")
@@ -68,7 +71,7 @@ def test_an_unconvertible_value_stops_neither_the_source_nor_a_spark_task(env: C
     dead = sorted(r["error"] for r in spark.read.format("delta").load(lake.table(key).dead_letters_path).collect())
     assert "after.xs: cannot read" in dead[0] and "2 dimension(s), the column's lake type 1" in dead[0]
     assert dead[1].startswith(f"capture could not convert {env.schema}.edges.ts at LSN ")
-    assert "4713-01-01 00:00:00 BC" in dead[1] and "rehydrate" in dead[1]
+    assert TOO_LATE in dead[1] and "64-bit microsecond" in dead[1] and "rehydrate" in dead[1]
     lake.current(key)
     rows = {r["id"]: r["xs"] for r in lake.read_current(key).collect()}
     assert rows == {1: [5]}  # the good changes applied around them
@@ -77,7 +80,7 @@ def test_an_unconvertible_value_stops_neither_the_source_nor_a_spark_task(env: C
 def test_under_tolerance_none_only_that_table_stops_with_the_reason(env: CaptureEnv, spark: Any) -> None:
     lake, key, t0 = _generation(env, spark)
     with env.app() as app:
-        app.execute("INSERT INTO edges VALUES (2, '4713-01-01 00:00:00 BC', '{3}')")
+        app.execute(f"INSERT INTO edges VALUES (2, '{TOO_LATE}', '{{3}}')")
     env.run_until_caught_up()
     time.sleep(1.1)
     with pytest.raises(DeadLetterError, match=r"capture could not convert .*edges\.ts") as info:

@@ -40,7 +40,7 @@ INTEGER_KINDS = {"int16", "int32", "int64"}
 # kinds JDBC reads exactly as they are
 _PLAIN_KINDS = {"int16", "int32", "int64", "float32", "float64", "bool", "bytea"}
 # the session settings that make text forms unambiguous (the same as capture's)
-SESSION_SQL = "SET TimeZone = 'UTC'; SET IntervalStyle = 'iso_8601'; SET extra_float_digits = 1"
+SESSION_SQL = "SET TimeZone = 'UTC'; SET IntervalStyle = 'iso_8601'; SET extra_float_digits = 1; SET lc_monetary = 'C'"
 
 
 def quote_ident(name: str) -> str:

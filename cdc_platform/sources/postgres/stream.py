@@ -44,7 +44,8 @@ log = logging.getLogger("cdc_platform.capture")
 
 # The replication session's settings make pgoutput's text values unambiguous.
 SESSION_OPTIONS = (
-    "-c TimeZone=UTC -c DateStyle=ISO -c IntervalStyle=iso_8601 -c extra_float_digits=1 -c bytea_output=hex"
+    "-c TimeZone=UTC -c DateStyle=ISO -c IntervalStyle=iso_8601 -c extra_float_digits=1 -c bytea_output=hex "
+    "-c lc_monetary=C"  # money's text follows lc_monetary ('1.234,56 €' under de_DE)
 )
 FEEDBACK_EVERY_S = 1.0
 
