@@ -77,6 +77,9 @@ def lake_tables(config: PlatformConfig) -> list[LakeTable]:
     return [lake_table(config, t) for t in config.tables]
 
 
+STATISTICS_LEAVES = 32  # Delta's default dataSkippingNumIndexedCols
+
+
 def table_options(schema: DataType) -> dict[str, str]:
     """Delta table properties for a new table of this shape, as writer options. Column
     mapping (by name) only when a column name, at any depth, has a character Parquet
@@ -84,7 +87,43 @@ def table_options(schema: DataType) -> dict[str, str]:
     readers lack, so every other table goes without. A table keeps what it was created
     with."""
     unsafe = any(PARQUET_UNSAFE_NAME.search(name) for name in _field_names(schema))
-    return {"delta.columnMapping.mode": "name"} if unsafe else {}
+    return {**({"delta.columnMapping.mode": "name"} if unsafe else {}), **_statistics_options(schema)}
+
+
+def _statistics_options(schema: DataType) -> dict[str, str]:
+    """File statistics for every column but dates, on tables that have a date column.
+
+    A date before year 1 or after 9999 (PostgreSQL has them, and ±infinity) in a file's
+    min/max makes delta-rs' ``to_pyarrow_table()`` fail for the whole table (its Python
+    layer parses the statistic with ``date.fromisoformat``; past ±262 000 years its core
+    panics). One edge value must not lock a family of readers out, so date columns are
+    not indexed; every other column is, as many as Delta's default (32 leaves)."""
+    from pyspark.sql import types as T
+
+    leaves = list(_leaves(schema))
+    if not any(isinstance(kind, T.DateType) for _, kind in leaves):
+        return {}
+    # the types Delta keeps min/max for (naming another is an error), dates left out
+    eligible = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType,
+                T.StringType, T.TimestampType, T.TimestampNTZType)  # fmt: skip
+    indexed = [path for path, kind in leaves if isinstance(kind, eligible)][:STATISTICS_LEAVES]
+    if not indexed:
+        return {"delta.dataSkippingNumIndexedCols": "0"}
+    return {"delta.dataSkippingStatsColumns": ",".join(indexed)}
+
+
+def _leaves(data_type: DataType, prefix: str = "") -> Iterator[tuple[str, DataType]]:
+    """(quoted dotted path, type) of each non-struct field, structs walked (Delta keeps no
+    statistics inside arrays and maps)."""
+    from pyspark.sql.types import StructType
+
+    assert isinstance(data_type, StructType)
+    for field in data_type.fields:
+        path = prefix + "`" + field.name.replace("`", "``") + "`"
+        if isinstance(field.dataType, StructType):
+            yield from _leaves(field.dataType, path + ".")
+        else:
+            yield path, field.dataType
 
 
 def _field_names(data_type: DataType) -> Iterator[str]:

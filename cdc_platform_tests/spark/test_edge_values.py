@@ -100,6 +100,18 @@ def test_every_edge_value_is_exact_through_snapshot_and_changelog(env: CaptureEn
     # the other columns of every row stayed NULL through both paths
     assert all(v is None for n, row in current.items() for c, v in row.items() if c != columns[n[2:]])
 
+    # delta-rs (to_pyarrow_table) and DuckDB read every table type with the same days and
+    # microseconds as Spark (BC, past 9999, ±infinity); delta-rs failed on BC date statistics
+    temporal = [(prefix + name, column) for name, column in columns.items() if column in ("d", "ts", "tz")
+                for prefix in ("s:", "c:")]  # fmt: skip
+    paths = {"snapshot": table.snapshot_path("g1"), "changelog": table.changelog_path, "current": table.current_path}
+    for kind, path in paths.items():
+        in_spark = {"snapshot": snapshot, "changelog": streamed, "current": current}[kind]
+        want = {(case, column): in_spark[case][column] for case, column in temporal if case in in_spark}
+        for engine, arrow in (("delta-rs", _delta_rs(path)), ("duckdb", _duckdb(path))):
+            read = _temporal_integers(arrow)
+            assert {(case, c): read[case][c] for case, c in want} == want, (kind, engine)
+
     # spot checks of the representations the README's type table documents
     assert source["s:date_infinity"]["d"] == str(INT32[0]) and source["s:ts_minus_infinity"]["ts"] == str(INT64[1])
     assert source["s:date_first"]["d"] == "-2440588"  # 4714-11-24 BC: Julian day 0
@@ -130,6 +142,39 @@ def test_values_the_lake_refuses_are_refused_loudly_in_both_paths(env: CaptureEn
     errors = [r["error"] for r in spark.read.format("delta").load(lake.table(key).dead_letters_path).collect()]
     for _, column, _, reason in REFUSED_CASES:
         assert any(column in e and (reason in e or "64-bit" in e) for e in errors), (column, errors)
+
+
+def _delta_rs(path: str) -> Any:
+    from deltalake import DeltaTable
+
+    return DeltaTable(path).to_pyarrow_table()
+
+
+def _duckdb(path: str) -> Any:
+    import duckdb
+    from duckdb_extensions import import_extension
+
+    import_extension("delta")
+    with duckdb.connect() as db:
+        db.execute("LOAD delta")
+        return db.execute("SELECT * FROM delta_scan(?)", [path]).arrow().read_all()
+
+
+def _temporal_integers(arrow: Any) -> dict[str, dict[str, str | None]]:
+    """Dates as days and instants as microseconds since 1970, read from Arrow's raw integers
+    (a changelog's row image is its ``after`` struct; its deletes have none)."""
+    import pyarrow as pa
+
+    if "after" in arrow.column_names:
+        arrow = pa.Table.from_struct_array(arrow["after"].combine_chunks()).filter(
+            pa.compute.is_valid(arrow["after"].combine_chunks())
+        )
+    width = {"d": pa.int32(), "ts": pa.int64(), "tz": pa.int64()}
+    columns = {name: arrow[name].cast(kind).to_pylist() for name, kind in width.items()}
+    return {
+        case: {name: None if values[i] is None else str(values[i]) for name, values in columns.items()}
+        for i, case in enumerate(arrow["case_name"].to_pylist())
+    }
 
 
 def _source_values(env: CaptureEnv) -> dict[str, dict[str, Any]]:

@@ -119,3 +119,28 @@ def test_column_mapping_only_for_tables_whose_names_need_it() -> None:
     in_array = StructType([StructField("xs", ArrayType(StructType([StructField("x(1)", IntegerType())])))])
     for odd in (spaced, nested, in_array):
         assert table_options(odd) == {"delta.columnMapping.mode": "name"}
+
+
+def test_date_columns_carry_no_file_statistics_every_other_column_does() -> None:
+    # delta-rs' to_pyarrow_table() fails on a file whose date statistics are BC or past 9999
+    from pyspark.sql.types import DateType, IntegerType, StructField, StructType, TimestampType
+
+    from cdc_platform.lake.tables import table_options
+
+    no_dates = StructType([StructField("id", IntegerType()), StructField("at", TimestampType())])
+    assert table_options(no_dates) == {}
+    row = StructType(
+        [StructField("id", IntegerType()), StructField("d`ay", DateType()), StructField("at", TimestampType())]
+    )
+    changelog = StructType([StructField("offset", IntegerType()), StructField("after", row)])
+    assert table_options(changelog) == {"delta.dataSkippingStatsColumns": "`offset`,`after`.`id`,`after`.`at`"}
+    wide = StructType([StructField("d", DateType()), *(StructField(f"c{i}", IntegerType()) for i in range(40))])
+    assert table_options(wide)["delta.dataSkippingStatsColumns"].count(",") == 31  # Delta's default 32
+    assert table_options(StructType([StructField("d", DateType())])) == {"delta.dataSkippingNumIndexedCols": "0"}
+    # Delta refuses statistics on arrays, maps, booleans and binary: never named
+    from pyspark.sql.types import ArrayType, BinaryType, BooleanType
+
+    fields = {"d": DateType(), "xs": ArrayType(IntegerType()), "ok": BooleanType(), "raw": BinaryType()}
+    fields["n"] = IntegerType()
+    mixed = StructType([StructField(name, kind) for name, kind in fields.items()])
+    assert table_options(mixed) == {"delta.dataSkippingStatsColumns": "`n`"}
