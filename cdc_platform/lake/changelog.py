@@ -159,7 +159,9 @@ def _write_window(spark: SparkSession, table: LakeTable, window: WindowPlan, fra
     # mergeSchema: a column the source added (compatible change) joins the images
     good.write.format("delta").mode("overwrite").option("replaceWhere", condition).option(
         "mergeSchema", "true"
-    ).options(**table_options(good.schema)).partitionBy("window_start").save(table.changelog_path)
+    ).options(**table_options(good.schema, partition_by=("window_start",))).partitionBy("window_start").save(
+        table.changelog_path
+    )
     dead.select(
         "window_start", "kafka_partition", "kafka_offset", "kafka_timestamp", "error", "raw_key", "raw_value",
         F.lit(table.topic).alias("topic"),

@@ -2,7 +2,7 @@
 
 ``local[*]`` by default; ``spark.master``, the lake URI and any Spark conf come from the
 config so the same code runs on a cluster. The jars pyspark does not ship (Delta Lake,
-the JDBC drivers) come from ``spark.jars_dir`` (scripts/bootstrap.sh resolves them with
+the JDBC drivers, Spark's Kafka source) come from ``spark.jars_dir`` (scripts/bootstrap.sh resolves them with
 mvn into ``.cdc/jars/spark``), else ``$CDC_SPARK_JARS_DIR``, else Spark downloads the
 pinned packages from Maven Central itself (``spark.jars.packages``): an installed package
 needs no checkout.
@@ -28,6 +28,7 @@ PINNED_PACKAGES = (
     "io.delta:delta-spark_4.2_2.13:4.4.0",
     "org.postgresql:postgresql:42.7.8",
     "org.mariadb.jdbc:mariadb-java-client:3.5.11",
+    "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0",
 )
 _VERSIONED_JAR = re.compile(r"^(?P<artifact>.+?)-\d[\w.\-]*\.jar$")
 

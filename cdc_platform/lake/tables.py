@@ -80,24 +80,25 @@ def lake_tables(config: PlatformConfig) -> list[LakeTable]:
 STATISTICS_LEAVES = 32  # Delta's default dataSkippingNumIndexedCols
 
 
-def table_options(schema: DataType) -> dict[str, str]:
+def table_options(schema: DataType, partition_by: tuple[str, ...] = ()) -> dict[str, str]:
     """Delta table properties for a new table of this shape, as writer options. Column
     mapping (by name) only when a column name, at any depth, has a character Parquet
     refuses ("Order Id"): it needs reader features that delta-rs' and DuckDB's plain
     readers lack, so every other table goes without. A table keeps what it was created
     with."""
     unsafe = any(PARQUET_UNSAFE_NAME.search(name) for name in _field_names(schema))
-    return {**({"delta.columnMapping.mode": "name"} if unsafe else {}), **_statistics_options(schema)}
+    return {**({"delta.columnMapping.mode": "name"} if unsafe else {}), **_statistics_options(schema, partition_by)}
 
 
-def _statistics_options(schema: DataType) -> dict[str, str]:
+def _statistics_options(schema: DataType, partition_by: tuple[str, ...]) -> dict[str, str]:
     """File statistics for every column but dates, on tables that have a date column.
 
     A date before year 1 or after 9999 (PostgreSQL has them, and ±infinity) in a file's
     min/max makes delta-rs' ``to_pyarrow_table()`` fail for the whole table (its Python
     layer parses the statistic with ``date.fromisoformat``; past ±262 000 years its core
     panics). One edge value must not lock a family of readers out, so date columns are
-    not indexed; every other column is, as many as Delta's default (32 leaves)."""
+    not indexed; every other column is, as many as Delta's default (32 leaves), except
+    partition columns (Delta refuses statistics on them; their values are in the paths)."""
     from pyspark.sql import types as T
 
     leaves = list(_leaves(schema))
@@ -106,7 +107,9 @@ def _statistics_options(schema: DataType) -> dict[str, str]:
     # the types Delta keeps min/max for (naming another is an error), dates left out
     eligible = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType,
                 T.StringType, T.TimestampType, T.TimestampNTZType)  # fmt: skip
-    indexed = [path for path, kind in leaves if isinstance(kind, eligible)][:STATISTICS_LEAVES]
+    partitions = {f"`{name}`" for name in partition_by}
+    indexed = [path for path, kind in leaves if isinstance(kind, eligible) and path not in partitions]
+    indexed = indexed[:STATISTICS_LEAVES]
     if not indexed:
         return {"delta.dataSkippingNumIndexedCols": "0"}
     return {"delta.dataSkippingStatsColumns": ",".join(indexed)}
