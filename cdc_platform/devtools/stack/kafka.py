@@ -35,6 +35,18 @@ class KafkaError(RuntimeError):
     pass
 
 
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, base64url without padding.
+
+    One id in 64 would start with '-', which kafka-storage's argument parser reads as an
+    option ("argument --cluster-id/-t: expected one argument"); Kafka's own
+    Uuid.randomUuid() draws again in that case, and so do we."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def jars_dir() -> Path:
     return state_root() / "jars" / "kafka"
 
@@ -136,8 +148,7 @@ class LocalKafka:
         ]
 
     def _format(self) -> None:
-        # A KRaft cluster id is 16 random bytes, base64url without padding.
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = new_cluster_id()
         result = subprocess.run(
             self._jvm("kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id, "-c", str(self.props)),
             capture_output=True,
