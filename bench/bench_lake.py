@@ -25,7 +25,7 @@ import psycopg
 from confluent_kafka import TopicPartition
 
 from cdc_platform.config import PlatformConfig, load_config
-from cdc_platform.config.model import SparkConfig, TableConfig
+from cdc_platform.config.model import TableConfig
 from cdc_platform.devtools.demo.setup import setup_demo
 from cdc_platform.devtools.demo.workload import app_connect
 from cdc_platform.devtools.lake import Lake
@@ -147,7 +147,7 @@ def main() -> None:
     tag = uuid.uuid4().hex[:6]
     config = prepare(args.rows, tag)
     table = config.tables[0]
-    lake = Lake(config, get_spark_session(SparkConfig(master="local[*]")))
+    lake = Lake(config, get_spark_session(config.spark.model_copy(update={"master": "local[*]"})))
     settings = CaptureSettings(until_caught_up=True, status_interval_s=3600)
     try:
         lake.snapshot(table.key, "warmup")  # JVM, JDBC and Delta paths warm

@@ -1,12 +1,15 @@
-"""Latency: commit in PostgreSQL -> visible in current, p50/p95, per changelog configuration.
+"""Latency: commit in PostgreSQL -> visible in current, p50/p95, per apply engine.
 
 A steady writer commits single-row updates; capture streams them (a thread, as the
-long-running process would); a driver does what the daemon's sensors do — materialize
-each window once it is closed (end + grace) and apply it to current — and records when
-each committed version becomes visible in current. The baseline, measured in the same
-run, is commit -> record in Kafka (what capture alone adds).
+long-running process would). With ``--engine windows`` a driver does what the daemon's
+sensors do — materialize each window once it is closed (end + grace) and apply it to
+current; with ``--engine stream`` the stream apply (``lake/apply.py``, what
+``cdc-platform apply`` runs) applies micro-batches continuously. Each committed version's
+arrival in current is recorded. The baseline, measured in the same run, is commit ->
+record in Kafka (what capture alone adds).
 
-Run: .venv/bin/python bench/bench_latency.py --window 1m --grace 5 --minutes 3
+Run: .venv/bin/python bench/bench_latency.py --engine stream --minutes 3
+     .venv/bin/python bench/bench_latency.py --window 1m --grace 5 --minutes 3
      .venv/bin/python bench/bench_latency.py --window 5m --grace 20 --minutes 11   (the demo's setting)
 """
 
@@ -23,11 +26,12 @@ from datetime import UTC, datetime, timedelta
 import bench_lake
 from confluent_kafka import TopicPartition
 
-from cdc_platform.config.model import SparkConfig
+from cdc_platform.config.model import ApplyConfig, ApplyEngine
 from cdc_platform.devtools.demo.workload import app_connect
 from cdc_platform.devtools.lake import Lake
 from cdc_platform.devtools.stack import profile
 from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.lake.apply import StreamApply
 from cdc_platform.lake.session import get_spark_session
 from cdc_platform.model.windows import is_closed, window_seconds, window_start
 from cdc_platform.sources import CaptureSettings, open_source
@@ -48,7 +52,7 @@ class LatencyRun:
         self.args, self.tag = args, tag
         self.config = bench_lake.prepare(ROWS, tag, changelog={"window": args.window, "grace_s": args.grace})
         self.table = self.config.tables[0]
-        self.lake = Lake(self.config, get_spark_session(SparkConfig(master="local[*]")))
+        self.lake = Lake(self.config, get_spark_session(self.config.spark.model_copy(update={"master": "local[*]"})))
         self.committed: dict[tuple[int, int], float] = {}  # (id, version) -> commit time
         self.in_kafka: dict[tuple[int, int], float] = {}
         self.visible: dict[tuple[int, int], float] = {}
@@ -104,6 +108,23 @@ class LatencyRun:
                 return
             time.sleep(1.0)
 
+    def apply_streaming(self) -> None:
+        """What ``cdc-platform apply`` does: a micro-batch whenever the topic moved."""
+        settings = ApplyConfig(engine=ApplyEngine.STREAM, trigger_interval_s=self.args.trigger)
+        table = self.lake.table(self.table.key)
+        engine = StreamApply(self.lake.spark, self.lake.ledger, self.lake.kafka, [table], settings)
+        writing_until = time.time() + self.args.minutes * 60
+        while True:
+            if time.time() > writing_until:
+                self.stop_writing.set()
+            if engine.run_pass():
+                self.record_visible(time.time())
+            else:
+                time.sleep(settings.trigger_interval_s)
+            done = self.committed and len(self.visible) == len(self.committed)
+            if self.stop_writing.is_set() and (done or time.time() > writing_until + 600):
+                return
+
     def record_visible(self, seen: float) -> None:
         rows = self.lake.read_current(self.table.key).select("id", "label").collect()
         labels = {int(r["id"]): int(r["label"]) for r in rows if r["label"] and r["label"].isdigit()}
@@ -116,7 +137,8 @@ class LatencyRun:
         kafka = [self.in_kafka[k] - self.committed[k] for k in self.committed if k in self.in_kafka]
         args = self.args
         counts = f"{len(self.committed)} commits, {len(self.visible)} seen in current, {len(kafka)} seen in Kafka"
-        print(f"\nlatency, commit -> visible in current (window {args.window}, grace {args.grace:.0f} s; {counts})")
+        how = "stream apply" if args.engine == "stream" else f"window {args.window}, grace {args.grace:.0f} s"
+        print(f"\nlatency, commit -> visible in current ({how}; {counts})")
         print(
             f"  baseline commit -> Kafka   p50 {percentile(kafka, 0.5):7.2f} s   p95 {percentile(kafka, 0.95):7.2f} s"
         )
@@ -128,6 +150,8 @@ class LatencyRun:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", choices=["windows", "stream"], default="windows")
+    parser.add_argument("--trigger", type=float, default=0.5, help="stream: pause when the topic is idle (s)")
     parser.add_argument("--window", default="1m")
     parser.add_argument("--grace", type=float, default=5.0)
     parser.add_argument("--minutes", type=float, default=3.0, help="how long the writer commits")
@@ -142,7 +166,7 @@ def main() -> None:
         run.lake.current(run.table.key)
         for target in (capture.run, run.writer, run.kafka_reader):
             threading.Thread(target=target, daemon=True).start()
-        run.apply_until_seen()
+        run.apply_streaming() if args.engine == "stream" else run.apply_until_seen()
     finally:
         run.stop_writing.set()
         run.stop_all.set()

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from cdc_platform.config.model import PlatformConfig, SparkConfig
+from cdc_platform.devtools.stack.profiles import REPO_ROOT
 from cdc_platform.envelope.pgtypes import builtin_type
 from cdc_platform.lake.current import apply_current
 from cdc_platform.lake.ledger import Ledger
@@ -101,7 +102,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 10_000_000])
     args = parser.parse_args()
-    spark = get_spark_session(SparkConfig(master="local[*]", conf={"spark.sql.shuffle.partitions": "8"}))
+    spark = get_spark_session(
+        SparkConfig(
+            master="local[*]",
+            jars_dir=str(REPO_ROOT / ".cdc" / "jars" / "spark"),
+            conf={"spark.sql.shuffle.partitions": "8"},
+        )
+    )
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_merge_") as tmp:
         bench(spark, 1000, Path(tmp) / "warmup")  # JIT and Delta code paths warm

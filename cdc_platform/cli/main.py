@@ -51,12 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cdc_platform.cli import capture, dev, pipeline
+    from cdc_platform.cli import apply, capture, dev, pipeline
 
     parser = argparse.ArgumentParser(prog="cdc-platform", description="Change-data-capture into a Delta lake.")
     parser.add_argument("--config", help="config file (default: $CDC_PLATFORM_CONFIG or ./cdc_platform.yaml)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (pipeline, capture, dev):
+    for module in (pipeline, capture, apply, dev):
         module.register(sub)
     return parser
 

@@ -88,6 +88,30 @@ class ErrorTolerance(StrEnum):
     ALL = "all"
 
 
+class ApplyEngine(StrEnum):
+    """How a source's changes reach the lake (README "Applying changes")."""
+
+    WINDOWS = "windows"  # one Dagster run per changelog window, then one per current update
+    STREAM = "stream"  # one Spark application per source: ``cdc-platform apply`` (continuous or --once)
+
+
+class ApplyConfig(_Strict):
+    """How the source's changes are applied to its tables' changelog and current state."""
+
+    engine: ApplyEngine = Field(
+        default=ApplyEngine.WINDOWS,
+        description="windows: a Dagster run per changelog window and per current update; stream: one "
+        "Spark application per source (cdc-platform apply) reads every table topic from current's frontier, "
+        "appends each micro-batch to the changelog and merges it into current.",
+    )
+    trigger_interval_s: float = Field(
+        default=2.0, gt=0, le=3600, description="stream: pause between micro-batches when the topics are idle."
+    )
+    max_offsets_per_batch: int = Field(
+        default=200_000, ge=1000, description="stream: at most this many Kafka offsets per table per micro-batch."
+    )
+
+
 class PostgresSource(_Strict):
     """A PostgreSQL database captured by logical decoding (pgoutput)."""
 
@@ -131,6 +155,7 @@ class PostgresSource(_Strict):
         default_factory=PlatformProducer,
         description="Who writes the topics: the platform's capture, or a Debezium connector (kind: debezium).",
     )
+    apply: ApplyConfig = Field(default_factory=ApplyConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -241,6 +266,7 @@ class JdbcSource(_Strict):
         default=10_000, ge=1, le=1_000_000, description="Most rows read per query (the cursor then moves on)."
     )
     connect_timeout_s: int = Field(default=10, ge=1, le=600)
+    apply: ApplyConfig = Field(default_factory=ApplyConfig)
     decimal_handling: Literal["precise", "string"] = "precise"
 
     @model_validator(mode="before")
@@ -574,6 +600,14 @@ class PlatformConfig(_Strict):
                 return table
         known = ", ".join(t.key for t in self.tables)
         raise KeyError(f"no table '{key}' in the config; configured tables: {known}")
+
+    def streamed(self, table: TableConfig) -> bool:
+        """The table's changes are applied by its source's stream apply (``cdc-platform apply``),
+        not by changelog-window runs."""
+        return self.sources[table.source].apply.engine is ApplyEngine.STREAM
+
+    def tables_of(self, source: str) -> list[TableConfig]:
+        return [t for t in self.tables if t.source == source]
 
     def topic_for(self, table: TableConfig) -> str:
         if table.topic:

@@ -12,10 +12,9 @@ from cdc_platform.lake.changelog import WindowResult, materialize_window
 from cdc_platform.lake.checks import CompletenessInputs, CompletenessReport, check_completeness
 from cdc_platform.lake.current import CurrentResult, apply_current
 from cdc_platform.lake.ledger import Ledger
-from cdc_platform.lake.schema_registry import evaluate_schema
+from cdc_platform.lake.schema_registry import schema_refresh
 from cdc_platform.lake.snapshot import GenerationRequest, SnapshotResult, take_generation
 from cdc_platform.lake.tables import LakeTable, lake_table, table_options
-from cdc_platform.model.tables import TableSchema
 from cdc_platform.sources import Source, open_source
 
 
@@ -42,15 +41,7 @@ class Lake:
         )
 
     def window(self, key: str, start: datetime, end: datetime) -> WindowResult:
-        table = self.config.table(key)
-
-        def refresh(unknown: set[str]) -> TableSchema | None:
-            _, observed = self.source(key).describe(table)
-            committed = self.ledger.committed(table.key)
-            generation = committed.generation if committed else ""
-            report = evaluate_schema(self.ledger, table.key, table.compatibility, generation, observed)
-            return observed if report.compatible else None
-
+        refresh = schema_refresh(self.ledger, self.source(key), self.config.table(key))
         return materialize_window(self.spark, self.ledger, self.kafka, self.table(key), start, end, refresh)
 
     def current(self, key: str) -> CurrentResult:

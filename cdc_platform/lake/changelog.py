@@ -14,16 +14,26 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cdc_platform.config.model import ErrorTolerance
 from cdc_platform.kafka.clients import KafkaClients, worker_options
+from cdc_platform.lake.crash_points import crash_point
 from cdc_platform.lake.lake_types import row_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
 from cdc_platform.model.errors import DeadLetterError, NoGenerationError, SchemaIncompatibleError
 from cdc_platform.model.tables import TableSchema
-from cdc_platform.model.windows import WindowPlan, WindowRange, neighbours, plan_window, window_key
+from cdc_platform.model.windows import (
+    BatchPlan,
+    WindowPlan,
+    WindowRange,
+    changelog_partition,
+    is_batch_key,
+    neighbours,
+    plan_window,
+    window_key,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -70,12 +80,7 @@ def materialize_window(
     refresh_schema: SchemaRefresh | None = None,
 ) -> WindowResult:  # fmt: skip
     started = time.monotonic()
-    schema = ledger.latest_schema(table.key)
-    if schema is None:
-        raise NoGenerationError(
-            f"{table.key} has no registered schema (no committed generation): the changelog decodes with the "
-            f"schema a generation registers; run: cdc-platform snapshot {table.key}"
-        )
+    schema = _registered_schema(ledger, table)
     window = plan(ledger, kafka, table, start, end)
     frame, registered = _read_window(spark, kafka, table, window, schema, refresh_schema)
     try:
@@ -87,6 +92,43 @@ def materialize_window(
     result.schema_registered = registered
     result.duration_s = round(time.monotonic() - started, 3)
     return result
+
+
+def materialize_batch(
+    spark: SparkSession, ledger: Ledger, table: LakeTable, kafka: KafkaClients, batch: BatchPlan,
+    refresh_schema: SchemaRefresh | None = None,
+) -> WindowResult:  # fmt: skip
+    """A stream apply's micro-batch: the planned offsets decoded and appended to the
+    changelog under the batch's Delta transaction version (a re-run after a crash writes
+    nothing twice), then recorded as a changelog range set."""
+    started = time.monotonic()
+    schema = _registered_schema(ledger, table)
+    window = batch.as_window(reused=False)
+    frame, registered = _read_window(spark, kafka, table, window, schema, refresh_schema)
+    try:
+        result = _write_window(spark, table, window, frame, batch.number)
+    finally:
+        frame.unpersist()
+    crash_point("apply.changelog_written")
+    ledger.record_window(table.key, window)
+    result.schema_registered = registered
+    result.duration_s = round(time.monotonic() - started, 3)
+    return result
+
+
+def _registered_schema(ledger: Ledger, table: LakeTable) -> TableSchema:
+    schema = ledger.latest_schema(table.key)
+    if schema is None:
+        raise NoGenerationError(
+            f"{table.key} has no registered schema (no committed generation): the changelog decodes with the "
+            f"schema a generation registers; run: cdc-platform snapshot {table.key}"
+        )
+    return schema
+
+
+def transaction_app_id(table: LakeTable) -> str:
+    """The Delta ``txnAppId`` of a table's stream batches (``txnVersion`` = the batch number)."""
+    return f"cdc_platform.apply.{table.key}"
 
 
 def _read_window(
@@ -121,7 +163,8 @@ def read_ranges(
     from pyspark.sql import functions as F
 
     spans = [(r.partition, r.start, r.end) for r in window.ranges]
-    return read_offsets(spark, kafka, table, spans, schema).withColumn("window_start", F.lit(window.key))
+    partition = changelog_partition(window.key)
+    return read_offsets(spark, kafka, table, spans, schema).withColumn("window_start", F.lit(partition))
 
 
 def read_offsets(
@@ -142,7 +185,11 @@ def read_offsets(
     return spark.read.format("cdc_kafka_range").schema(change_schema(row_type(schema))).options(**options).load()
 
 
-def _write_window(spark: SparkSession, table: LakeTable, window: WindowPlan, frame: DataFrame) -> WindowResult:
+def _write_window(
+    spark: SparkSession, table: LakeTable, window: WindowPlan, frame: DataFrame, batch: int | None = None
+) -> WindowResult:
+    """A window replaces its changelog partition; a stream batch (``batch``: its number)
+    appends to its day's partition, idempotently (Delta ``txnAppId``/``txnVersion``)."""
     from pyspark.sql import functions as F
 
     dead = frame.where(F.col("error").isNotNull())
@@ -150,25 +197,29 @@ def _write_window(spark: SparkSession, table: LakeTable, window: WindowPlan, fra
     if dead_count and table.config.errors.tolerance is ErrorTolerance.NONE:
         sample = [r["error"] for r in dead.select("error").limit(3).collect()]
         raise DeadLetterError(
-            f"window {window.key} of {table.key}: {dead_count} record(s) cannot be decoded (e.g. {sample}); "
-            "errors.tolerance is 'none', so nothing was written. Fix the producer, or set "
-            "errors.tolerance: all to send them to the dead-letter table"
+            f"{'batch' if batch is not None else 'window'} {window.key} of {table.key}: {dead_count} record(s) "
+            f"cannot be decoded (e.g. {sample}); errors.tolerance is 'none', so nothing was written. Fix the "
+            "producer, or set errors.tolerance: all to send them to the dead-letter table"
         )
     good = frame.where(F.col("error").isNull()).drop("error", "raw_key", "raw_value", "unknown_columns")
-    condition = f"window_start = '{window.key}'"
     # mergeSchema: a column the source added (compatible change) joins the images
-    good.write.format("delta").mode("overwrite").option("replaceWhere", condition).option(
-        "mergeSchema", "true"
-    ).options(**table_options(good.schema, partition_by=("window_start",))).partitionBy("window_start").save(
-        table.changelog_path
-    )
-    dead.select(
-        "window_start", "kafka_partition", "kafka_offset", "kafka_timestamp", "error", "raw_key", "raw_value",
-        F.lit(table.topic).alias("topic"),
-    ).write.format("delta").mode("overwrite").option("replaceWhere", condition).partitionBy("window_start").save(
-        table.dead_letters_path
-    )  # fmt: skip
+    writer = good.write.format("delta").option("mergeSchema", "true")
+    _write_mode(writer, window, batch, table).options(**table_options(good.schema, partition_by=("window_start",)))
+    writer.partitionBy("window_start").save(table.changelog_path)
+    if dead_count or batch is None:  # a window's re-run must also replace its dead letters
+        dead_writer = dead.select(
+            "window_start", "kafka_partition", "kafka_offset", "kafka_timestamp", "error", "raw_key", "raw_value",
+            F.lit(table.topic).alias("topic"),
+        ).write.format("delta")  # fmt: skip
+        _write_mode(dead_writer, window, batch, table).partitionBy("window_start").save(table.dead_letters_path)
     return _window_stats(window, good, dead_count)
+
+
+def _write_mode(writer: Any, window: WindowPlan, batch: int | None, table: LakeTable) -> Any:
+    if batch is None:
+        assert not is_batch_key(window.key)
+        return writer.mode("overwrite").option("replaceWhere", f"window_start = '{window.key}'")
+    return writer.mode("append").option("txnAppId", transaction_app_id(table)).option("txnVersion", str(batch))
 
 
 def _window_stats(window: WindowPlan, good: DataFrame, dead_count: int) -> WindowResult:

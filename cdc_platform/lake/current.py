@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from cdc_platform.lake.crash_points import crash_point
 from cdc_platform.lake.history import HistoryResult, apply_history, ensure_history_table, snapshot_events
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
@@ -47,7 +48,7 @@ from cdc_platform.model.errors import NoGenerationError
 from cdc_platform.model.generations import Generation
 from cdc_platform.model.state import CurrentPosition
 from cdc_platform.model.tables import TableSchema
-from cdc_platform.model.windows import WindowRange
+from cdc_platform.model.windows import WindowRange, changelog_partition
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -122,6 +123,7 @@ def apply_current(spark: SparkSession, ledger: Ledger, table: LakeTable) -> Curr
     if rebuilt and table.config.history:
         history = history.plus(_reconcile_history(spark, table, committed, list(schema.key)))
     rows = spark.read.format("delta").load(table.current_path).count()
+    crash_point("current.merged")
     applied_position = max(position.applied_position, batch.max_position or 0)
     last_ts = batch.last_ts or position.last_source_ts
     ledger.record_current(
@@ -135,6 +137,21 @@ def apply_current(spark: SparkSession, ledger: Ledger, table: LakeTable) -> Curr
         committed.generation, rebuilt, batch.applied, rows, coverage.frontier, applied_position,
         last_ts, round(time.monotonic() - started, 3),
         [h.describe() for h in coverage.holes], history if table.config.history else None, dropped, sample,
+    )  # fmt: skip
+
+
+def streamed_position(ledger: Ledger, table: LakeTable) -> CurrentResult:
+    """Where the stream apply left current (``lake.apply``), without writing: what a Dagster
+    run of a streamed table reports and checks."""
+    position = ledger.current(table.key)
+    if position is None:
+        raise NoGenerationError(
+            f"{table.key}: the stream apply has not built current yet; is it running? "
+            f"cdc-platform apply --source {table.source}"
+        )
+    return CurrentResult(
+        position.generation, False, 0, position.rows, dict(position.frontier), position.applied_position,
+        position.last_source_ts, 0.0,
     )  # fmt: skip
 
 
@@ -258,7 +275,8 @@ def _changes(
     return (
         spark.read.format("delta")
         .load(table.changelog_path)
-        .where(F.col("window_start").isin(windows))  # partition pruning: read only these windows
+        # partition pruning: read only these windows' (or stream batches' days') partitions
+        .where(F.col("window_start").isin(sorted({changelog_partition(w) for w in windows})))
         .where(in_range)
         .where(F.col("op").isNotNull())  # tombstones carry nothing the 'd' before them did not
     )

@@ -33,12 +33,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_platform.model.coverage import OffsetRange
 from cdc_platform.model.errors import RetriableError
 from cdc_platform.model.feeds import FeedObservation
 from cdc_platform.model.generations import Generation, GenerationEvent, GenerationStatus, Watermark, fold
 from cdc_platform.model.state import CurrentPosition, SchemaRecord
 from cdc_platform.model.tables import TableSchema
-from cdc_platform.model.windows import WindowPlan, WindowRange
+from cdc_platform.model.windows import BatchPlan, WindowPlan, WindowRange
 
 log = logging.getLogger("cdc_platform.ledger")
 
@@ -61,6 +62,12 @@ SCHEMAS: dict[str, pa.Schema] = {
         [
             ("table", pa.string()), ("window", pa.string()), ("window_end", pa.string()), ("partition", pa.int32()),
             ("start", pa.int64()), ("end", pa.int64()), ("recorded_at", _TS),
+        ]
+    ),
+    "batches": pa.schema(
+        [
+            ("table", pa.string()), ("batch", pa.int64()), ("day", pa.string()), ("partition", pa.int32()),
+            ("start", pa.int64()), ("end", pa.int64()), ("planned_at", _TS),
         ]
     ),
     "current": pa.schema(
@@ -136,6 +143,36 @@ class Ledger:
 
     def windows(self, table: str) -> dict[str, tuple[WindowRange, ...]]:
         return _windows_of(self._rows("windows", table))
+
+    # ------------------------------------------------------------ stream batches
+
+    def plan_batch(self, table: str, plan: BatchPlan) -> None:
+        """A micro-batch's offsets, recorded before its data is written (the plan a crash re-applies)."""
+        now = datetime.now(UTC)
+        rows = [
+            {"table": table, "batch": plan.number, "day": plan.day, "partition": r.partition, "start": r.start,
+             "end": r.end, "planned_at": now}
+            for r in plan.ranges
+        ]  # fmt: skip
+        self._append("batches", rows)
+
+    def batches(self, table: str) -> list[BatchPlan]:
+        """The table's planned micro-batches in order, each as first planned (a racing apply's
+        second planning of the same number is ignored)."""
+        by_number: dict[int, list[dict[str, Any]]] = {}
+        for row in self._rows("batches", table):
+            by_number.setdefault(row["batch"], []).append(row)
+        plans = []
+        for number, rows in sorted(by_number.items()):
+            first = min(r["planned_at"] for r in rows)
+            ranges = sorted(OffsetRange(r["partition"], r["start"], r["end"]) for r in rows if r["planned_at"] == first)
+            plans.append(BatchPlan(number, rows[0]["day"], tuple(ranges)))
+        return plans
+
+    def last_batch(self, table: str) -> BatchPlan | None:
+        """The table's newest planned micro-batch."""
+        plans = self.batches(table)
+        return plans[-1] if plans else None
 
     # ------------------------------------------------------------ current
 

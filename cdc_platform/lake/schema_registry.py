@@ -9,13 +9,15 @@ registered, so nothing is applied with it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cdc_platform.config.model import CompatibilityMode
+from cdc_platform.config.model import CompatibilityMode, TableConfig
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.model.schemas import SchemaChange, compare
 from cdc_platform.model.state import SchemaRecord
 from cdc_platform.model.tables import TableSchema
+from cdc_platform.sources.base import Source
 
 
 @dataclass
@@ -65,3 +67,18 @@ def registered_report(ledger: Ledger, table: str, mode: CompatibilityMode, note:
     history = ledger.schema_history(table)
     version = history[-1].version if history else 0
     return SchemaReport(version, False, None, mode.value, None, note=note)
+
+
+def schema_refresh(ledger: Ledger, source: Source, table: TableConfig) -> Callable[[set[str]], TableSchema | None]:
+    """What the changelog calls when records carry columns the registered schema lacks:
+    ask the source, register the change if it is compatible (the refreshed schema), else None."""
+
+    def refresh(_unknown: set[str]) -> TableSchema | None:
+        _, observed = source.describe(table)
+        committed = ledger.committed(table.key)
+        report = evaluate_schema(
+            ledger, table.key, table.compatibility, committed.generation if committed else "", observed
+        )
+        return observed if report.compatible else None
+
+    return refresh

@@ -54,6 +54,26 @@ def partition_key(start: datetime) -> str:
     return start.astimezone(UTC).strftime(PARTITION_FORMAT)
 
 
+BATCH_SEPARATOR = "#"  # a stream batch's key: "<day's window key>#<batch number>"
+DAY_S = 86_400
+
+
+def batch_key(day: str, batch: int) -> str:
+    """The ledger key of a stream apply's micro-batch: its changelog partition (the UTC day
+    it was planned in) and its number, zero-padded so keys sort in batch order."""
+    return f"{day}{BATCH_SEPARATOR}{batch:012d}"
+
+
+def changelog_partition(key: str) -> str:
+    """The changelog's ``window_start`` partition a window or batch key writes to: a
+    window's own key; a batch's day (bounded: one partition per table per day)."""
+    return key.split(BATCH_SEPARATOR, 1)[0]
+
+
+def is_batch_key(key: str) -> bool:
+    return BATCH_SEPARATOR in key
+
+
 @dataclass(frozen=True)
 class WindowRange:
     """One Kafka partition's offsets in a window, and the key of the window after it."""
@@ -83,6 +103,49 @@ class WindowPlan:
     key: str
     ranges: tuple[WindowRange, ...]
     reused: bool  # the ranges were recorded before (a re-run)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """A stream apply's micro-batch of one table: planned (in the ledger) *before* its data
+    is written, so a crash anywhere re-applies exactly these offsets under the same number
+    (the Delta transaction version that makes its changelog append idempotent)."""
+
+    number: int
+    day: str  # the changelog partition it writes to (window key of its UTC day)
+    ranges: tuple[OffsetRange, ...]
+
+    @property
+    def key(self) -> str:
+        return batch_key(self.day, self.number)
+
+    @property
+    def offsets(self) -> int:
+        return sum(r.size for r in self.ranges)
+
+    def as_window(self, reused: bool) -> WindowPlan:
+        """The batch as a recorded changelog range set (what coverage, current and checks read)."""
+        ranges = tuple(WindowRange(r.partition, r.start, r.end, "") for r in self.ranges)
+        return WindowPlan(self.key, ranges, reused)
+
+
+def next_batch_ranges(
+    table: str, frontier: Mapping[int, int], watermarks: Mapping[int, tuple[int, int]], max_offsets: int
+) -> tuple[OffsetRange, ...]:
+    """The offsets a new micro-batch reads: per partition from the recorded frontier to the
+    end of the topic, at most ``max_offsets`` in all (shared evenly, so no partition starves).
+    Offsets Kafka no longer holds are a hole: the table must be rehydrated."""
+    pending = {p: (frontier.get(p, 0), high) for p, (_, high) in watermarks.items() if high > frontier.get(p, 0)}
+    for partition, (start, _) in sorted(pending.items()):
+        low = watermarks[partition][0]
+        if start < low:
+            raise ChangelogGapError(
+                f"{table}: partition {partition} must continue at offset {start}, but the earliest offset still in "
+                f"Kafka is {low} (retention or DeleteRecords removed the rest): the changelog has a hole; the table "
+                "must be rehydrated (new snapshot generation)"
+            )
+    share = max(1, max_offsets // max(1, len(pending)))
+    return tuple(OffsetRange(p, start, min(high, start + share)) for p, (start, high) in sorted(pending.items()))
 
 
 def neighbours(

@@ -40,10 +40,12 @@ class Workload(threading.Thread):
     ``seconds`` or, without them, until ``stop()``: tests that must overlap an event drive
     it until that event has happened, whatever the machine's speed."""
 
-    def __init__(self, env: CaptureEnv, seconds: float | None, seed: int, first_id: int = 1) -> None:
+    def __init__(
+        self, env: CaptureEnv, seconds: float | None, seed: int, first_id: int = 1, pause_s: float = 0.004
+    ) -> None:
         super().__init__(daemon=True)
         self.env, self.seconds, self.rng = env, seconds, random.Random(seed)
-        self.first_id = first_id
+        self.first_id, self.pause_s = first_id, pause_s
         self.transactions = 0
         self.error: BaseException | None = None
         self._halt = threading.Event()
@@ -82,7 +84,7 @@ class Workload(threading.Thread):
                             app.execute("DELETE FROM items WHERE id = %s", (target,))
                     app.commit()
                     self.transactions += 1
-                    time.sleep(0.004)
+                    time.sleep(self.pause_s)
         except BaseException as exc:
             self.error = exc
 

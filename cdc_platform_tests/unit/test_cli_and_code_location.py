@@ -5,6 +5,7 @@ not from the dev stack (issue 13, bug 7). No services needed."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -81,6 +82,32 @@ def test_definitions_build_without_services_or_jars(monkeypatch: pytest.MonkeyPa
     groups = {spec.group_name for spec in defs.resolve_all_asset_specs()}
     assert "shop_customers" in groups and "crm_accounts" in groups
     assert {s.name for s in defs.sensors or []} >= {"changelog_windows", "rehydration", "cdc_run_failures"}
+
+
+def test_a_streamed_source_is_applied_by_its_stream_not_by_window_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """shop streamed, the others by windows: the changelog sensor asks windows of crm's tables only,
+    shop's current runs on a cadence for its checks, and shop's changelog asset refuses a run."""
+    monkeypatch.delenv("CDC_SPARK_JARS_DIR", raising=False)
+    text, count = re.subn(r"(?m)^(  shop:.*)$", r"\1\n    apply: {engine: stream}", DEMO_CONFIG.read_text(), count=1)
+    assert count == 1
+    config = tmp_path / "cdc_platform.yaml"
+    config.write_text(text)
+    defs = build_definitions(config)
+    sensor = next(s for s in defs.sensors or [] if s.name == "changelog_windows")
+    targeted = {t.job_name for t in sensor.targets}
+    assert "crm__accounts__changelog_job" in targeted and not any(n.startswith("shop") for n in targeted), targeted
+    specs = {s.key.to_user_string(): s for s in defs.resolve_all_asset_specs()}
+    assert specs["shop/customers"].automation_condition is not None
+    assert "checks every 10 minutes" in str(specs["shop/customers"].automation_condition.get_label())
+    assert "after a new generation" in str(specs["crm/accounts"].automation_condition.get_label())
+    changelog = next(
+        a for a in defs.assets or []
+        if isinstance(a, dg.AssetsDefinition) and dg.AssetKey(["shop", "customers", "changelog"]) in a.keys
+    )  # fmt: skip
+    with pytest.raises(dg.Failure, match=r"written by the stream apply.*cdc-platform apply --source shop"):
+        dg.materialize([changelog], partition_key="2026-11-25T00:00", resources=defs.resources)
 
 
 def test_jars_come_from_a_setting_with_a_pinned_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

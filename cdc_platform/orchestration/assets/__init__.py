@@ -18,6 +18,6 @@ def table_assets(config: PlatformConfig, table: TableConfig) -> list[dg.AssetsDe
     return [
         build_observation(table, source_spec(config, table, kind)),
         build_snapshot_asset(table, kind, lake.root),
-        build_changelog_asset(table, lake.topic, lake.root),
-        build_current_asset(table, lake.root),
+        build_changelog_asset(table, lake.topic, lake.root, config.streamed(table)),
+        build_current_asset(table, lake.root, config.streamed(table)),
     ]

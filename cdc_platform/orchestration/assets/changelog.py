@@ -4,8 +4,7 @@ import dagster as dg
 
 from cdc_platform.config.model import TableConfig
 from cdc_platform.lake.changelog import materialize_window
-from cdc_platform.lake.schema_registry import evaluate_schema
-from cdc_platform.model.tables import TableSchema
+from cdc_platform.lake.schema_registry import schema_refresh
 from cdc_platform.orchestration.failures import RETRY_POLICY, failures_mapped
 from cdc_platform.orchestration.keys import changelog_asset_key, group_name, source_asset_key
 from cdc_platform.orchestration.metadata import changelog_metadata
@@ -13,7 +12,9 @@ from cdc_platform.orchestration.partitions import changelog_partitions
 from cdc_platform.orchestration.resources import CdcSparkResource, KafkaResource, LedgerResource, SourcesResource
 
 
-def build_changelog_asset(table: TableConfig, topic: str, lake_path: str) -> dg.AssetsDefinition:
+def build_changelog_asset(
+    table: TableConfig, topic: str, lake_path: str, streamed: bool = False
+) -> dg.AssetsDefinition:
     @dg.asset(
         key=changelog_asset_key(table),
         group_name=group_name(table),
@@ -37,19 +38,17 @@ def build_changelog_asset(table: TableConfig, topic: str, lake_path: str) -> dg.
         kafka: KafkaResource,
         pyspark: CdcSparkResource,
     ) -> dg.MaterializeResult[None]:
+        if streamed:
+            raise dg.Failure(
+                f"{table.key}'s changelog is written by the stream apply of source '{table.source}' (apply.engine: "
+                f"stream), in micro-batches it records itself; run: cdc-platform apply --source {table.source}",
+                allow_retries=False,
+            )
         window = context.partition_time_window
         source = sources.source(table.source)
         book = ledger.ledger()
 
-        def refresh_schema(unknown: set[str]) -> TableSchema | None:
-            """Records carry new columns: ask the source, register a compatible change."""
-            context.log.info(f"{table.key}: records carry column(s) {sorted(unknown)}; asking the source")
-            _, observed = source.describe(table)
-            committed = book.committed(table.key)
-            report = evaluate_schema(
-                book, table.key, table.compatibility, committed.generation if committed else "", observed
-            )
-            return observed if report.compatible else None
+        refresh_schema = schema_refresh(book, source, table)  # records carry new columns: ask the source
 
         with failures_mapped(f"changelog window {context.partition_key} of {table.key}"):
             result = materialize_window(

@@ -13,7 +13,13 @@ from cdc_platform.lake.checks import (
     pandera_errors,
     recent_changelog,
 )
-from cdc_platform.lake.current import POSITION_COLUMNS, CurrentResult, apply_current, committed_generation
+from cdc_platform.lake.current import (
+    POSITION_COLUMNS,
+    CurrentResult,
+    apply_current,
+    committed_generation,
+    streamed_position,
+)
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.schema_registry import SchemaReport, evaluate_schema, registered_report
 from cdc_platform.lake.tables import LakeTable
@@ -44,16 +50,22 @@ from cdc_platform.sources.base import Source
 CURRENT_AUTOMATION = (
     dg.AutomationCondition.any_deps_updated().since_last_handled() & ~dg.AutomationCondition.in_progress()
 ).with_label("after a new generation or changelog window")
+# a streamed table's current is written by its source's stream apply; a Dagster run reports
+# where it stands and evaluates the checks on a cadence (never O(table) per micro-batch)
+STREAMED_CHECKS_CRON = "*/10 * * * *"
+STREAMED_AUTOMATION = dg.AutomationCondition.on_cron(STREAMED_CHECKS_CRON).with_label(
+    "checks every 10 minutes (the stream apply writes current)"
+)
 
 
-def current_specs(table: TableConfig, lake_path: str) -> list[dg.AssetSpec]:
+def current_specs(table: TableConfig, lake_path: str, streamed: bool = False) -> list[dg.AssetSpec]:
     deps = [snapshot_asset_key(table), changelog_asset_key(table)]
     common: dict[str, Any] = {
         "group_name": group_name(table),
         "kinds": {"spark", "delta"},
         "deps": deps,
         "tags": {"cdc/source": table.source},
-        "automation_condition": CURRENT_AUTOMATION,
+        "automation_condition": STREAMED_AUTOMATION if streamed else CURRENT_AUTOMATION,
     }
     specs = [
         dg.AssetSpec(
@@ -116,10 +128,10 @@ def check_specs(table: TableConfig) -> list[dg.AssetCheckSpec]:
     ]
 
 
-def build_current_asset(table: TableConfig, lake_path: str) -> dg.AssetsDefinition:
+def build_current_asset(table: TableConfig, lake_path: str, streamed: bool = False) -> dg.AssetsDefinition:
     @dg.multi_asset(
         name=f"{table.source}__{table.dagster_name}__current",
-        specs=current_specs(table, lake_path),
+        specs=current_specs(table, lake_path, streamed),
         check_specs=check_specs(table),
         retry_policy=RETRY_POLICY,
     )
@@ -131,7 +143,7 @@ def build_current_asset(table: TableConfig, lake_path: str) -> dg.AssetsDefiniti
         pyspark: CdcSparkResource,
     ) -> Iterator[Any]:
         step = CurrentStep(
-            context, ledger.ledger(), sources.source(table.source), kafka, pyspark, ledger.table(table.key)
+            context, ledger.ledger(), sources.source(table.source), kafka, pyspark, ledger.table(table.key), streamed
         )
         with failures_mapped(f"current of {table.key}"):
             yield from step.run()
@@ -144,9 +156,10 @@ class CurrentStep:
 
     def __init__(
         self, context: dg.AssetExecutionContext, ledger: Ledger, source: Source, kafka: KafkaResource,
-        pyspark: CdcSparkResource, table: LakeTable,
+        pyspark: CdcSparkResource, table: LakeTable, streamed: bool = False,
     ) -> None:  # fmt: skip
         self.context, self.ledger, self.source, self.kafka, self.table = context, ledger, source, kafka, table
+        self.streamed = streamed
         self.spark = pyspark.spark_session
         self.key = current_asset_key(table.config)
 
@@ -163,7 +176,12 @@ class CurrentStep:
                     f"generation (reason schema_incompatible); or run: cdc-platform rehydrate {self.table.key}"
                 )
             )
-        result = apply_current(self.spark, self.ledger, self.table)
+        # a streamed table: the source's stream apply is current's one writer; this run reports and checks
+        result = (
+            streamed_position(self.ledger, self.table)
+            if self.streamed
+            else apply_current(self.spark, self.ledger, self.table)
+        )
         if result.waiting_for:
             self.context.log.warning(
                 f"{self.table.key}: waiting for changelog windows: {'; '.join(result.waiting_for)}"

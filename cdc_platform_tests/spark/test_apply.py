@@ -1,0 +1,182 @@
+"""The stream apply (``cdc-platform apply``): one Spark application applies a source's
+tables, micro-batch by micro-batch, on the real stack.
+
+* Under a mixed workload, with a generation taken while it streams and a second one
+  later, current equals the source and every Kafka offset is in the changelog once.
+* Cut at each step of a batch (planned / changelog appended / ranges recorded / current
+  merged) and SIGKILLed at random instants while it runs continuously, the process the
+  user runs resumes with nothing lost and nothing doubled.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_platform.devtools.lake import Lake
+from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.lake.apply import StreamApply
+from cdc_platform.lake.crash_points import ENV as FAULT_ENV
+from cdc_platform.lake.crash_points import POINTS
+from cdc_platform.lake.ledger import Ledger
+from cdc_platform.lake.schema_registry import schema_refresh
+from cdc_platform.lake.tables import lake_table
+from cdc_platform.model.coverage import walk
+from cdc_platform.model.windows import is_batch_key
+from cdc_platform.sources import open_source
+from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
+from cdc_platform_tests.integration.test_capture_faults import DDL, Workload
+from cdc_platform_tests.spark.test_current import assert_current_equals_source
+
+pytestmark = pytest.mark.integration
+
+KILLS = 1
+PAUSE_S = 0.08  # ~10 transactions/s: a busy table, and batches a 2-core CI machine applies in seconds
+STREAMED = "    apply: {engine: stream, trigger_interval_s: 0.2, max_offsets_per_batch: 50000}"
+
+
+@pytest.fixture
+def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
+    yield from make_capture_env(demo_db, tmp_path, DDL, ["items", "lines"], source_yaml=STREAMED)
+
+
+def _keys(env: CaptureEnv) -> list[str]:
+    return [f"cap.{env.schema}.{t}" for t in env.tables]
+
+
+def _engine(env: CaptureEnv, spark: Any) -> StreamApply:
+    config = env.config
+    kafka, ledger = KafkaClients(config.kafka), Ledger(config.lake.root)
+    source = open_source(config, "cap", kafka)
+    tables = [lake_table(config, t) for t in config.tables_of("cap")]
+    return StreamApply(
+        spark, ledger, kafka, tables, config.sources["cap"].apply,
+        refresh=lambda t: schema_refresh(ledger, source, t.config),
+    )  # fmt: skip
+
+
+def _assert_each_offset_once_and_no_hole(lake: Lake, spark: Any, key: str) -> None:
+    table = lake.table(key)
+    changelog = spark.read.format("delta").load(table.changelog_path)
+    rows = changelog.count()
+    assert rows == changelog.select("kafka_partition", "kafka_offset").distinct().count(), "an offset twice"
+    days = [r[0] for r in changelog.select("window_start").distinct().collect()]
+    assert 1 <= len(days) <= 2 and not any(is_batch_key(d) for d in days)  # a partition per day, not per batch
+    committed = lake.ledger.committed(key)
+    assert committed is not None and committed.watermark is not None
+    ranges = [r.offsets for rs in lake.ledger.windows(key).values() for r in rs]
+    coverage = walk(committed.watermark.kafka_end_offsets, ranges)
+    assert not coverage.holes and coverage.frontier == lake.kafka.end_offsets(table.topic)
+    position = lake.ledger.current(key)
+    assert position is not None and position.frontier == coverage.frontier  # current applied all of it
+
+
+def test_the_stream_apply_keeps_current_equal_to_the_source(env: CaptureEnv, spark: Any) -> None:
+    lake, keys, engine = Lake(env.config, spark), _keys(env), _engine(env, spark)
+    with env.running_capture():
+        workload = Workload(env, seconds=None, seed=11, pause_s=PAUSE_S)
+        workload.start()
+        workload.wait_for(30)
+        assert engine.run_pass() == []  # no generation yet: nothing to decode with, nothing applied
+        for key in keys:
+            lake.snapshot(key, "g1")  # taken while the workload runs
+        workload.wait_for(25)
+        batches = engine.run_pass()
+        lake.snapshot(keys[0], "g2")  # a second generation of items while it streams
+        workload.wait_for(25)
+        batches += engine.run_pass()
+        workload.stop()
+        assert workload.error is None
+        with env.app() as app:
+            app.execute("TRUNCATE lines")
+            app.execute("INSERT INTO lines VALUES (1, 1, 'after the truncate')")
+    env.run_until_caught_up()
+    batches += engine.run_until_caught_up()
+    assert {a.table for a in batches if a.batch is not None} == set(keys)
+    rebuilt = [a for a in batches if a.current is not None and a.current.rebuilt]
+    assert {(a.table, a.current.generation) for a in rebuilt if a.current} >= {(keys[0], "g2"), (keys[1], "g1")}
+    assert_current_equals_source(lake, keys[:1], at_least=20)
+    assert lake.read_current(keys[1]).collect() == lake.truth(keys[1]).collect()  # one row after the truncate
+    for key in keys:
+        _assert_each_offset_once_and_no_hole(lake, spark, key)
+    assert engine.run_pass() == []  # caught up: an idle pass writes nothing
+
+
+def _apply(env: CaptureEnv, *args: str, fault: str | None = None) -> subprocess.Popen[bytes]:
+    """``cdc-platform apply`` as the user runs it, optionally cut at a crash point."""
+    environment = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
+    if fault is not None:
+        environment[FAULT_ENV] = fault
+    cli = Path(sys.executable).parent / "cdc-platform"
+    log = open(env.config_path.parent / "apply.log", "ab")  # noqa: SIM115 (the process owns it)
+    return subprocess.Popen(
+        [str(cli), "apply", "--config", str(env.config_path), "--source", "cap", *args],
+        stdout=log, stderr=log, env=environment,
+    )  # fmt: skip
+
+
+def _changes(env: CaptureEnv, seed: int, first_id: int, transactions: int = 40) -> None:
+    workload = Workload(env, seconds=None, seed=seed, first_id=first_id, pause_s=PAUSE_S)
+    workload.start()
+    workload.wait_for(transactions)
+    workload.stop()
+    assert workload.error is None
+
+
+def test_an_apply_cut_at_any_step_or_killed_at_random_resumes_exactly(env: CaptureEnv, spark: Any) -> None:
+    lake, keys = Lake(env.config, spark), _keys(env)
+    _changes(env, seed=1, first_id=1)
+    env.run_until_caught_up()
+    for key in keys:
+        lake.snapshot(key, "g1")
+    # cut between every two steps of a batch: each run dies there, the next one resumes
+    for i, point in enumerate(POINTS):
+        _changes(env, seed=10 + i, first_id=1000 * (i + 1))
+        env.run_until_caught_up()
+        assert _apply(env, "--once", fault=point).wait(timeout=300) == 137, point
+    # continuous, under load, SIGKILLed at random instants once it is applying
+    rng = random.Random(5)
+    with env.running_capture():
+        workload = Workload(env, seconds=None, seed=99, first_id=50_000, pause_s=PAUSE_S)
+        workload.start()
+        for _ in range(KILLS):
+            size = (env.config_path.parent / "apply.log").stat().st_size
+            process = _apply(env)
+            _wait_for_a_batch(env, size, process)
+            time.sleep(rng.uniform(0.0, 3.0))
+            process.kill()
+            process.wait(timeout=60)
+        workload.stop()
+        assert workload.error is None
+    env.run_until_caught_up()
+    assert _apply(env, "--once").wait(timeout=300) == 0
+    assert_current_equals_source(lake, keys, at_least=20)
+    for key in keys:  # every batch cut short was applied later with the offsets it was planned with
+        recorded = lake.ledger.windows(key)
+        plans = lake.ledger.batches(key)
+        assert len(plans) >= 2 and [p.number for p in plans] == list(range(1, len(plans) + 1))
+        assert all(recorded[p.key] == p.as_window(reused=False).ranges for p in plans)
+    for key in keys:
+        _assert_each_offset_once_and_no_hole(lake, spark, key)
+
+
+def _wait_for_a_batch(env: CaptureEnv, log_start: int, process: subprocess.Popen[bytes]) -> None:
+    """Until the process logged a batch after ``log_start`` (it is applying, not starting)."""
+    deadline = time.monotonic() + 180
+    path = env.config_path.parent / "apply.log"
+    while time.monotonic() < deadline:
+        assert process.poll() is None, path.read_text()[-3000:]
+        with path.open("rb") as handle:
+            handle.seek(log_start)
+            if b" batch " in handle.read():
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"no batch applied within 180 s:\n{path.read_text()[-3000:]}")
