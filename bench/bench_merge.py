@@ -3,9 +3,14 @@
 For each size, a synthetic snapshot generation and a changelog window of 10k changes
 (80% updates, 10% deletes, 10% inserts, random keys) are written as the platform writes
 them (the generation committed and the window recorded in the ledger); ``apply_current``
-first builds current from the generation (the baseline: a full
-rebuild, O(table)), then applies the window incrementally (the measured merge). Prints
-both times, merge/rebuild, and how the merge time grows with the table.
+first builds current from the generation (the baseline: a full rebuild, O(table)). Then
+the same 10k changes are merged twice, each time into a fresh copy of that current:
+
+* **stream**: what ``cdc-platform apply`` does, the batch's decoded rows (in memory)
+  merged straight into current (``apply_decoded``);
+* **window**: what a window run does, read back from the changelog (``apply_current``).
+
+Prints the times, merge/rebuild, and how the merge time grows with the table.
 
 Run: make bench   (or .venv/bin/python bench/bench_merge.py [--sizes 100000 10000000])
 """
@@ -21,7 +26,7 @@ from pathlib import Path
 from cdc_platform.config.model import PlatformConfig, SparkConfig
 from cdc_platform.devtools.stack.profiles import REPO_ROOT
 from cdc_platform.envelope.pgtypes import builtin_type
-from cdc_platform.lake.current import apply_current
+from cdc_platform.lake.current import apply_current, apply_decoded, summarize
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.session import get_spark_session
 from cdc_platform.lake.tables import lake_table
@@ -43,7 +48,7 @@ def make_config(root: Path) -> PlatformConfig:
     )
 
 
-def bench(spark: object, size: int, root: Path) -> tuple[float, float]:
+def bench(spark: object, size: int, root: Path) -> tuple[float, float, float]:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
@@ -90,12 +95,36 @@ def bench(spark: object, size: int, root: Path) -> tuple[float, float]:
         F.lit("w1").alias("window_start"),
     ).drop("k")
     changes.write.format("delta").mode("overwrite").partitionBy("window_start").save(table.changelog_path)
+    decoded = spark.read.format("delta").load(table.changelog_path).cache()
+    decoded.count()  # the stream apply holds its decoded batch in memory
+    pristine = spark.read.format("delta").load(table.current_path).count()
+    copy_current(spark, table.current_path, f"{root}/pristine")
+    position = ledger.current(table.key)
+    assert position is not None
+    generation = ledger.committed(table.key)
+    assert generation is not None
+    started = time.perf_counter()
+    streamed = apply_decoded(spark, ledger, table, generation, position, decoded, summarize(decoded), {0: CHANGES})
+    stream_s = time.perf_counter() - started
+    assert streamed.changes_applied == CHANGES and streamed.rows != pristine, streamed
+    decoded.unpersist()
+
+    copy_current(spark, f"{root}/pristine", table.current_path)
+    ledger.record_current(table.key, position)
     ledger.record_window(table.key, WindowPlan("w1", (WindowRange(0, 0, CHANGES, "w2"),), reused=False))
     started = time.perf_counter()
     result = apply_current(spark, ledger, table)
-    merge_s = time.perf_counter() - started
-    assert result.changes_applied == CHANGES, result
-    return rebuild_s, merge_s
+    window_s = time.perf_counter() - started
+    assert result.changes_applied == CHANGES and result.rows == streamed.rows, (result, streamed)
+    return rebuild_s, stream_s, window_s
+
+
+def copy_current(spark: object, source: str, target: str) -> None:
+    """A byte-for-byte copy of a Delta table (its log and files), so both merges start equal."""
+    import shutil
+
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(source, target)
 
 
 def main() -> None:
@@ -113,15 +142,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench_merge_") as tmp:
         bench(spark, 1000, Path(tmp) / "warmup")  # JIT and Delta code paths warm
         for size in args.sizes:
-            rebuild_s, merge_s = bench(spark, size, Path(tmp) / str(size))
-            results.append((size, rebuild_s, merge_s))
+            results.append((size, *bench(spark, size, Path(tmp) / str(size))))
     print(f"\nmerge of {CHANGES} changes into current (same run; baseline = full rebuild from the generation)")
-    for size, rebuild_s, merge_s in results:
-        ratio = merge_s / rebuild_s
-        print(f"rows={size:>10}  rebuild {rebuild_s:7.2f} s  merge {merge_s:6.2f} s  merge/rebuild = {ratio:.3f}")
+    for size, rebuild_s, stream_s, window_s in results:
+        print(
+            f"rows={size:>10}  rebuild {rebuild_s:7.2f} s  stream merge {stream_s:6.2f} s "
+            f"(/rebuild {stream_s / rebuild_s:.3f})  window merge {window_s:6.2f} s "
+            f"(/rebuild {window_s / rebuild_s:.3f})"
+        )
     if len(results) > 1:
-        (small, _, small_merge), (large, _, large_merge) = results[0], results[-1]
-        print(f"table grew {large / small:.0f}x; merge time grew {large_merge / small_merge:.2f}x")
+        (small, _, small_merge, _), (large, _, large_merge, _) = results[0], results[-1]
+        print(f"table grew {large / small:.0f}x; stream merge time grew {large_merge / small_merge:.2f}x")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ stop() {  # stop NAME: the whole process group we started (dagster dev has child
   rm -f "$PIDS/$1.pid"
 }
 
-PROCESSES=(workload capture-shop capture-bench capture-crm dagster)
+PROCESSES=(workload capture-shop capture-bench capture-crm apply dagster)
 case "${1:-}" in
   --status)
     for name in "${PROCESSES[@]}"; do
@@ -37,7 +37,7 @@ case "${1:-}" in
     done
     exit 0 ;;
   --stop)
-    for name in dagster workload capture-shop capture-bench capture-crm; do stop "$name"; done
+    for name in dagster apply workload capture-shop capture-bench capture-crm; do stop "$name"; done
     exit 0 ;;
 esac
 
@@ -73,9 +73,16 @@ echo "observed every source table (job observe_sources)"
 # The first snapshot generation of every table that has none (Spark JDBC into Delta).
 "$V/cdc-platform" snapshot --all --if-missing --reason bootstrap 2>> "$LOGS/snapshot.log" \
   || { echo "snapshot failed; see $LOGS/snapshot.log and the run in the Dagster UI" >&2; exit 1; }
-# Current state from the latest generation (and any changelog windows already materialized).
-"$V/cdc-platform" current --all 2>> "$LOGS/current.log" \
-  || { echo "current failed; see $LOGS/current.log and the run in the Dagster UI" >&2; exit 1; }
+# The stream apply: one long-running Spark application for every source (apply.engine:
+# stream): it builds current from the generation, then applies micro-batches within seconds,
+# and reports current and each changelog day to the Dagster instance (runless, throttled).
+if [[ -z "$(alive apply || true)" ]]; then
+  setsid "$V/cdc-platform" apply --config cdc_platform.yaml --all >> "$LOGS/apply.log" 2>&1 &
+  record apply $!
+  echo "apply: started (every streamed source, one Spark application; log $LOGS/apply.log)"
+else
+  echo "apply: already running"
+fi
 
 if [[ -n "$(alive dagster || true)" ]]; then
   echo "Dagster UI already running on http://127.0.0.1:$UI_PORT"; exit 0
@@ -91,6 +98,6 @@ if [[ "${CDC_DEMO_DETACH:-0}" == "1" ]]; then
   done
   echo "Dagster UI did not answer on 127.0.0.1:$UI_PORT within 120 s; see $LOGS/dagster.log" >&2; exit 1
 fi
-trap 'for name in workload capture-shop capture-bench capture-crm; do stop "$name"; done' EXIT
-echo "Dagster UI: http://127.0.0.1:$UI_PORT  (Ctrl-C stops the UI, the workload and capture; 'make down' stops the stack)"
+trap 'for name in apply workload capture-shop capture-bench capture-crm; do stop "$name"; done' EXIT
+echo "Dagster UI: http://127.0.0.1:$UI_PORT  (Ctrl-C stops the UI, the workload, capture and apply; 'make down' stops the stack)"
 "$V/dagster" dev -h 127.0.0.1 -p "$UI_PORT" -w workspace.yaml

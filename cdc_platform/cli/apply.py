@@ -17,16 +17,41 @@ from cdc_platform.cli.main import CliError, Loaded, command
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "apply",
-        help="apply a source's changes to the lake (changelog, current, history): one Spark application, "
+        help="apply sources' changes to the lake (changelog, current, history): one Spark application, "
         "continuous until stopped, or --once",
     )
-    parser.add_argument("--source", help="source name (required when the config has several)")
+    parser.add_argument(
+        "--source", action="append", help="source name (repeat it to apply several in one Spark application)"
+    )
+    parser.add_argument("--all", action="store_true", help="every source whose apply.engine is stream")
     parser.add_argument("--once", action="store_true", help="apply everything available, then stop (scheduled mode)")
     command(parser, apply_run)
 
 
-def apply_run(args: argparse.Namespace, loaded: Loaded) -> int:
+def streamed_sources(config: Any, names: list[str] | None, every: bool) -> list[str]:
+    """The sources this apply applies: named (each must be streamed), or every streamed one."""
     from cdc_platform.config.model import ApplyEngine
+
+    if every == bool(names):
+        if not every and len(config.sources) == 1:
+            names = list(config.sources)
+        else:
+            raise CliError(f"name the sources with --source (or use --all): {', '.join(sorted(config.sources))}")
+    chosen = [n for n, s in config.sources.items() if s.apply.engine is ApplyEngine.STREAM] if every else names or []
+    for name in chosen:
+        pick_source(config, name)
+        engine = config.sources[name].apply.engine
+        if engine is not ApplyEngine.STREAM:
+            raise CliError(
+                f"source '{name}' is applied by changelog-window runs (apply.engine: {engine.value}); "
+                f"to apply it with one Spark application, set sources.{name}.apply.engine: stream"
+            )
+    if not chosen:
+        raise CliError("no source has apply.engine: stream; set sources.<name>.apply.engine: stream")
+    return chosen
+
+
+def apply_run(args: argparse.Namespace, loaded: Loaded) -> int:
     from cdc_platform.kafka.clients import KafkaClients
     from cdc_platform.lake.apply import StreamApply
     from cdc_platform.lake.ledger import Ledger
@@ -37,33 +62,31 @@ def apply_run(args: argparse.Namespace, loaded: Loaded) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = loaded.config
-    name = pick_source(config, args.source)
-    settings = config.sources[name].apply
-    if settings.engine is not ApplyEngine.STREAM:
-        raise CliError(
-            f"source '{name}' is applied by changelog-window runs (apply.engine: {settings.engine.value}); "
-            f"to apply it with one Spark application, set sources.{name}.apply.engine: stream"
-        )
+    names = streamed_sources(config, args.source, args.all)
     kafka, ledger = KafkaClients(config.kafka), Ledger(config.lake.root)
-    source = open_source(config, name, kafka)
+    sources = {name: open_source(config, name, kafka) for name in names}
     # the platform's PySpark resource: what a Dagster run materializes and what this process applies
     spark = CdcSparkResource.for_config(str(loaded.path)).spark_session
-    tables = [lake_table(config, t) for t in config.tables_of(name)]
-    engine = StreamApply(
-        spark, ledger, kafka, tables, settings, refresh=lambda t: schema_refresh(ledger, source, t.config)
-    )
-    if args.once:
-        applied = engine.run_until_caught_up()
-        print(json.dumps({"batches": sum(a.batch is not None for a in applied), "tables": len(tables)}))
-        return 0
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    engine.run_forever(stop, on_pass=_reporter(tables, source.format_position))
+    tables = [lake_table(config, t) for name in names for t in config.tables_of(name)]
+    # one source's settings for the engine's pace (the first named); each source keeps its own lease
+    settings = config.sources[names[0]].apply
+    with StreamApply(
+        spark, ledger, kafka, tables, settings,
+        refresh=lambda t: schema_refresh(ledger, sources[t.source], t.config),
+    ) as engine:  # fmt: skip
+        if args.once:
+            applied = engine.run_until_caught_up()
+            print(json.dumps({"batches": sum(a.batch is not None for a in applied), "tables": len(tables)}))
+            return 0
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        formats = {name: source.format_position for name, source in sources.items()}
+        engine.run_forever(stop, on_pass=_reporter(tables, formats, engine.positions))
     return 0
 
 
-def _reporter(tables: list[Any], position: Any) -> Any:
+def _reporter(tables: list[Any], formats: Any, positions: Any) -> Any:
     """Runless materializations to the Dagster instance of ``$DAGSTER_HOME`` (the demo's),
     throttled; none when no instance is configured."""
     import os
@@ -75,4 +98,4 @@ def _reporter(tables: list[Any], position: Any) -> Any:
 
     from cdc_platform.orchestration.reporting import RunlessReporter
 
-    return RunlessReporter(dg.DagsterInstance.get(), tables, position)
+    return RunlessReporter(dg.DagsterInstance.get(), tables, str, positions=positions, formats=formats)

@@ -48,11 +48,33 @@ def load_config(path: str | os.PathLike[str] | None = None) -> PlatformConfig:
         raise ConfigError(config_path, [f"not valid YAML: {exc}"]) from None
     if not isinstance(data, dict):
         raise ConfigError(config_path, ["the top level must be a mapping with sources, kafka, lake, tables"])
+    repeated = list(_repeated_keys(node, (), config_path.name))
+    if repeated:  # YAML keeps the last one silently: a setting the user wrote would be ignored
+        raise ConfigError(config_path, repeated)
     try:
         config = PlatformConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(config_path, _describe(exc, node, config_path)) from None
     return _resolve_paths(config, config_path)
+
+
+def _repeated_keys(node: yaml.Node | None, at: tuple[str, ...], name: str) -> list[str]:
+    """``file:line: path.key: written twice`` for every key repeated within one mapping."""
+    found: list[str] = []
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for key, value in node.value:
+            label = str(key.value)
+            line = key.start_mark.line + 1
+            if label in first:
+                where = ".".join((*at, label))
+                found.append(f"{name}:{line}: {where}: written twice (first on line {first[label]}); keep one")
+            first.setdefault(label, line)
+            found.extend(_repeated_keys(value, (*at, label), name))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found.extend(_repeated_keys(item, (*at[:-1], f"{at[-1]}[{i}]") if at else (f"[{i}]",), name))
+    return found
 
 
 def _resolve_paths(config: PlatformConfig, config_path: Path) -> PlatformConfig:

@@ -110,6 +110,19 @@ class ApplyConfig(_Strict):
     max_offsets_per_batch: int = Field(
         default=200_000, ge=1000, description="stream: at most this many Kafka offsets per table per micro-batch."
     )
+    schedule: str | None = Field(
+        default=None,
+        pattern=r"^\S+( \S+){4}$",
+        description="stream, scheduled mode: a cron schedule (5 fields, UTC) on which the Dagster job "
+        "<source>__apply_job applies everything available and stops; unset: run `cdc-platform apply` continuously.",
+    )
+    parallelism: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="stream: tables whose micro-batches are applied at once (Spark runs their jobs side by side; "
+        "most of a small batch's time is the driver's, so this helps even on two cores).",
+    )
 
 
 class PostgresSource(_Strict):
@@ -395,6 +408,12 @@ class LakeConfig(_Strict):
     """Where the Delta tables live: a local path (relative to the config file) or a URI."""
 
     root: str = Field(min_length=1, description="e.g. .cdc/dev/lake, /data/lake, s3a://bucket/lake")
+    deletion_vectors: bool = Field(
+        default=True,
+        description="Current tables use Delta deletion vectors: a MERGE marks replaced rows instead of rewriting "
+        "their files (cost follows the changes). Spark, DuckDB and delta-rs' QueryBuilder read them; delta-rs' "
+        "to_pyarrow_table refuses them. false: MERGEs rewrite files (a table that has them keeps them).",
+    )
 
 
 class SparkConfig(_Strict):

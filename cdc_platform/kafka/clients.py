@@ -88,6 +88,17 @@ class KafkaClients:
                 for p in _partitions(consumer, topic) or []
             }
 
+    def watermarks_of(self, topics: Sequence[str]) -> dict[str, dict[int, tuple[int, int]]]:
+        """``watermarks`` of several topics with one client (a stream apply's pass)."""
+        with self._asking("offsets") as consumer:
+            return {
+                topic: {
+                    p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT_S)
+                    for p in _partitions(consumer, topic) or []
+                }
+                for topic in topics
+            }
+
     def end_offsets(self, topic: str) -> dict[int, int]:
         return {p: high for p, (_, high) in self.watermarks(topic).items()}
 

@@ -11,20 +11,33 @@ Per table and micro-batch:
    committed generation's watermark) to the end of the topic, at most
    ``apply.max_offsets_per_batch``, numbered one past the table's last batch, are recorded
    in the ledger (``batches``) *before* anything is written.
-2. **Changelog.** The planned offsets are decoded with the table's registered schema and
+2. **Changelog.** The planned offsets are decoded with the table's registered schema
+   (cached; one Spark job counts ops, dead letters, unknown columns and positions) and
    appended to the changelog's partition of the day under Delta's idempotent-write
    options (``txnAppId`` = the table, ``txnVersion`` = the batch number): a re-run of the
    batch writes nothing twice. Undecodable records follow ``errors.tolerance``.
 3. **Record.** The batch's ranges join the ledger's changelog ranges: from here on
    coverage, current, the completeness check and the rehydration sensor see them.
-4. **Current.** ``lake.current.apply_current`` merges the newly covered offsets into
-   current (and history) and records its frontier: the same merge a Dagster run makes.
+4. **Current.** The decoded events are merged straight into current (and history), with
+   the same rules as ``lake.current.apply_current`` (``merge_changes``), and current's
+   frontier is recorded. When current does not stand exactly at the batch's start (a new
+   generation, an interrupted pass, the first pass of a process) ``apply_current`` first
+   rebuilds or catches up from the changelog.
+
+Tables are applied side by side (``apply.parallelism``): a small batch's time is mostly
+the Spark driver's planning and Delta's commits, which overlap well.
+
+The apply keeps each table's pipeline state (last batch, recorded frontier, current's
+position) in memory and reads the ledger only when the process starts, when a table's
+generation changes and after a failure, so a pass costs the same on day 300 as on day 1.
+That is safe because one process applies a source (``model.leases``): a second one stops
+with the holder's identity.
 
 A crash anywhere re-applies the pending batch (planned, not yet recorded) with exactly its
 planned offsets; a crash after step 3 leaves current behind its coverage, and the next
-pass applies it; the merge ignores changes at or before a row's position, so applying
-twice changes nothing. A table's failure stops that table only: retriable errors retry
-with backoff, fatal ones (a hole, an incompatible schema, dead letters under
+process catches it up; the merge ignores changes at or before a row's position, so
+applying twice changes nothing. A table's failure stops that table only: retriable errors
+retry with backoff, fatal ones (a hole, an incompatible schema, dead letters under
 ``errors.tolerance: none``) park the table, with the fix in the log, until a new
 generation is committed or the process restarts.
 """
@@ -32,25 +45,39 @@ generation is committed or the process restarts.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 from cdc_platform.config.model import ApplyConfig
 from cdc_platform.kafka.clients import KafkaClients
-from cdc_platform.lake.changelog import SchemaRefresh, WindowResult, materialize_batch
+from cdc_platform.lake.changelog import (
+    ChangelogDay,
+    DecodedBatch,
+    SchemaRefresh,
+    WindowResult,
+    materialize_batch,
+    seal_day,
+)
 from cdc_platform.lake.crash_points import crash_point
-from cdc_platform.lake.current import CurrentResult, apply_current
+from cdc_platform.lake.current import CurrentResult, apply_current, apply_decoded, ensure_deletion_vectors
 from cdc_platform.lake.errors import classify_spark_error
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable
-from cdc_platform.model.coverage import walk
+from cdc_platform.model.coverage import OffsetRange, behind, walk
 from cdc_platform.model.errors import CdcError, FatalError, RetriableError
 from cdc_platform.model.generations import Generation
-from cdc_platform.model.windows import DAY_S, BatchPlan, WindowRange, next_batch_ranges, window_key, window_start
+from cdc_platform.model.leases import HEARTBEAT_S, LEASE_TTL_S, LeaseEvent, LeaseState, live_holders
+from cdc_platform.model.state import CurrentPosition
+from cdc_platform.model.windows import DAY_S, BatchPlan, next_batch_ranges, window_key, window_start
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -72,6 +99,8 @@ class TableApplied:
     offsets: int = 0
     changelog: WindowResult | None = None
     current: CurrentResult | None = None
+    sealed: ChangelogDay | None = None  # the changelog's previous day, closed by this pass
+    offsets_behind: int | None = None  # Kafka offsets not applied yet, as the pass read the topic (0: caught up)
     duration_s: float = 0.0
 
 
@@ -104,8 +133,96 @@ class TableHealth:
         self.error, self.retry_at, self.wait_s = None, 0.0, RETRY_FIRST_S
 
 
+@dataclass
+class TableState:
+    """A table's pipeline state as this process knows it (read from the ledger once, then
+    kept up to date by its own writes)."""
+
+    generation: str
+    recorded: dict[int, int]  # the changelog's frontier: recorded ranges walked from the watermark
+    last_batch: BatchPlan | None
+    pending: BatchPlan | None  # planned, never recorded: re-applied first
+    position: CurrentPosition | None
+    current_checked: bool = False  # apply_current confirmed current (rebuilt, caught up) in this process
+    sealed_day: str | None = None  # the last changelog day this process sealed
+    offsets_behind: int | None = None  # after this process's last pass of the table
+
+
+def load_state(ledger: Ledger, table: LakeTable, committed: Generation) -> TableState:
+    """The table's state from the ledger: what a process starts from."""
+    assert committed.watermark is not None
+    windows = ledger.windows(table.key)
+    recorded = walk(committed.watermark.kafka_end_offsets, [r.offsets for rs in windows.values() for r in rs])
+    last = ledger.last_batch(table.key)
+    pending = last if last is not None and last.key not in windows else None
+    return TableState(committed.generation, recorded.frontier, last, pending, ledger.current(table.key))
+
+
+class ApplyLease:
+    """This process's hold on ``apply:<source>`` (``model.leases``)."""
+
+    def __init__(self, ledger: Ledger, sources: Sequence[str]) -> None:
+        self.ledger, self.scopes = ledger, [f"apply:{s}" for s in sorted(set(sources))]
+        self.host, self.pid = socket.gethostname(), os.getpid()
+        self.holder = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:8]}"
+        self.held = False
+        self.beat_at = 0.0
+
+    def acquire(self) -> None:
+        for scope in self.scopes:
+            self._refuse_if_held(scope)
+            self._record(scope, LeaseState.HELD)
+            self._refuse_if_held(scope)  # two starting at once: the first taker keeps it
+        self.held, self.beat_at = True, time.monotonic()
+
+    def heartbeat(self) -> None:
+        if self.held and time.monotonic() - self.beat_at >= HEARTBEAT_S:
+            for scope in self.scopes:
+                self._record(scope, LeaseState.HELD)
+            self.beat_at = time.monotonic()
+
+    def release(self) -> None:
+        if self.held:
+            for scope in self.scopes:
+                self._record(scope, LeaseState.RELEASED)
+            self.held = False
+
+    def _record(self, scope: str, state: LeaseState) -> None:
+        self.ledger.record_lease(LeaseEvent(scope, self.holder, self.host, self.pid, state, datetime.now(UTC)))
+
+    def _refuse_if_held(self, scope: str) -> None:
+        now = datetime.now(UTC)
+        holders = live_holders(self.ledger.leases(scope), now, self._alive, LEASE_TTL_S)
+        first = holders[0] if holders else None
+        if first is None or first.holder == self.holder:
+            return
+        if any(h.holder == self.holder for h in holders):
+            self._record(scope, LeaseState.RELEASED)
+        source = scope.split(":", 1)[1]
+        raise FatalError(
+            f"source '{source}' is already applied by another process ({first.describe(now)}): one stream apply "
+            f"per source. Stop that one first (or, if its host is gone, wait {LEASE_TTL_S:.0f} s after its last "
+            "heartbeat)",
+            reason="apply_already_running",
+        )
+
+    def _alive(self, host: str, pid: int) -> bool | None:
+        if host != self.host:
+            return None
+        if pid == self.pid:
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
 class StreamApply:
-    """Applies the changes of a source's tables: see the module's docstring."""
+    """Applies the changes of a source's tables: see the module's docstring. Use it as a
+    context manager (or call ``close``): it holds the source's lease while it runs."""
 
     def __init__(
         self,
@@ -119,30 +236,54 @@ class StreamApply:
         self.spark, self.ledger, self.kafka = spark, ledger, kafka
         self.tables, self.settings, self.refresh = list(tables), settings, refresh
         self.health = {t.key: TableHealth() for t in self.tables}
+        self.states: dict[str, TableState] = {}
+        self.lease = ApplyLease(ledger, [t.source for t in self.tables])
+        self.pool = ThreadPoolExecutor(max(1, min(settings.parallelism, len(self.tables))), "apply")
         # --once: per table, the end offsets when it started (what "available" means)
         self.until: dict[str, dict[int, int]] | None = None
+
+    def __enter__(self) -> StreamApply:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        self.lease.release()
 
     # ------------------------------------------------------------ passes
 
     def run_pass(self) -> list[TableApplied]:
-        """One micro-batch (at most) per table; a table's failure is logged and kept to it."""
-        done = []
+        """One micro-batch (at most) per table, tables side by side; a table's failure is
+        logged and kept to it."""
+        if not self.lease.held:
+            self.lease.acquire()
+        self.lease.heartbeat()
+        committed = self.ledger.committed_all()
+        ready = []
         for table in self.tables:
-            committed = self.ledger.committed(table.key)
-            health = self.health[table.key]
-            if not health.ready(committed.generation if committed else None, time.monotonic()):
-                continue
-            try:
-                applied = self.apply_table(table, committed)
-            except Exception as exc:  # every layer says which kind: classified, then kept to this table
-                error = classify_spark_error(exc, f"stream apply of {table.key}")
-                health.failed(error, committed.generation if committed else None, time.monotonic())
-                log.error("%s [%s]: %s", table.key, error.kind, error)
-                continue
-            health.succeeded()
-            if applied is not None:
-                done.append(applied)
-        return done
+            generation = committed.get(table.key)
+            if self.health[table.key].ready(generation.generation if generation else None, time.monotonic()):
+                ready.append((table, generation))
+        watermarks = self.kafka.watermarks_of([t.topic for t, _ in ready]) if ready else {}
+        results = self.pool.map(lambda item: self._apply_kept(item[0], item[1], watermarks.get(item[0].topic)), ready)
+        return [a for a in results if a is not None]
+
+    def _apply_kept(
+        self, table: LakeTable, committed: Generation | None, watermarks: dict[int, tuple[int, int]] | None
+    ) -> TableApplied | None:
+        health = self.health[table.key]
+        try:
+            applied = self.apply_table(table, committed, watermarks)
+        except Exception as exc:  # every layer says which kind: classified, then kept to this table
+            error = classify_spark_error(exc, f"stream apply of {table.key}")
+            health.failed(error, committed.generation if committed else None, time.monotonic())
+            self.states.pop(table.key, None)  # read the ledger again before the next try
+            log.error("%s [%s]: %s", table.key, error.kind, error)
+            return None
+        health.succeeded()
+        return applied
 
     def run_until_caught_up(self) -> list[TableApplied]:
         """Apply everything available when it starts, then stop (the scheduled mode, like
@@ -151,6 +292,19 @@ class StreamApply:
         other tables were applied."""
         applied: list[TableApplied] = []
         self.until = {t.key: self.kafka.end_offsets(t.topic) for t in self.tables}
+        try:
+            self._passes_until_caught_up(applied)
+        finally:
+            self.until = None  # later passes of this engine apply whatever is there again
+        failed = [(key, h.error) for key, h in self.health.items() if h.error is not None]
+        if failed:
+            key, error = failed[0]
+            assert error is not None
+            kind = FatalError if isinstance(error, FatalError) else RetriableError
+            raise kind(f"{len(failed)} table(s) failed, first {key}: {error}", reason=error.reason) from error
+        return applied
+
+    def _passes_until_caught_up(self, applied: list[TableApplied]) -> None:
         give_up_at = time.monotonic() + ONCE_RETRY_BUDGET_S
         while True:
             batch = [a for a in self.run_pass() if a.batch is not None or a.current is not None]
@@ -159,15 +313,8 @@ class StreamApply:
                 continue
             retrying = [h.retry_at for h in self.health.values() if h.error is not None and h.parked_on is None]
             if not retrying or min(retrying) > give_up_at:
-                break
+                return
             time.sleep(max(0.0, min(retrying) - time.monotonic()))  # a retriable failure: back off, try again
-        failed = [(key, h.error) for key, h in self.health.items() if h.error is not None]
-        if failed:
-            key, error = failed[0]
-            assert error is not None
-            kind = FatalError if isinstance(error, FatalError) else RetriableError
-            raise kind(f"{len(failed)} table(s) failed, first {key}: {error}", reason=error.reason) from error
-        return applied
 
     def run_forever(
         self, stop: threading.Event, on_pass: Callable[[list[TableApplied]], None] = lambda _a: None
@@ -182,63 +329,148 @@ class StreamApply:
 
     # ------------------------------------------------------------ one table
 
-    def apply_table(self, table: LakeTable, committed: Generation | None) -> TableApplied | None:
+    def apply_table(
+        self, table: LakeTable, committed: Generation | None, watermarks: dict[int, tuple[int, int]] | None = None
+    ) -> TableApplied | None:
         """The table's pending or next micro-batch, then current; None when there is nothing to do."""
         if committed is None or committed.watermark is None:
             return None  # no generation yet: the changelog decodes with the schema one registers
         started = time.monotonic()
-        windows = self.ledger.windows(table.key)
-        pending = self._pending(table, windows)
-        batch = pending or self._plan(table, committed, windows)
-        applied = TableApplied(table.key, reapplied=pending is not None)
-        if batch is not None:
-            crash_point("apply.planned")
-            applied.batch, applied.offsets = batch.key, batch.offsets
-            applied.changelog = materialize_batch(
-                self.spark, self.ledger, table, self.kafka, batch, self.refresh(table)
+        state = self._state(table, committed)
+        applied = TableApplied(table.key, sealed=self._seal(table, state))
+        if not self._current_at(state, state.recorded):
+            applied.current = self._catch_up(table, state)
+        marks = self._available(table, watermarks)
+        batch = state.pending or self._plan(table, committed, state, marks)
+        if batch is None:
+            state.offsets_behind = applied.offsets_behind = behind(
+                state.recorded, {p: h for p, (_, h) in marks.items()}
             )
-            windows = {**windows, batch.key: batch.as_window(reused=False).ranges}
+            done = applied.current is not None or applied.sealed is not None
+            return self._finish(applied, started) if done else None
+        applied.batch, applied.offsets, applied.reapplied = batch.key, batch.offsets, state.pending is not None
+        crash_point("apply.planned")
+        decoded = materialize_batch(self.spark, self.ledger, table, self.kafka, batch, self.refresh(table))
+        try:
+            applied.changelog = decoded.result
+            before = state.recorded
+            state.recorded = walk(before, batch.ranges).frontier
+            state.pending, state.last_batch = None, batch
             crash_point("apply.recorded")
-        if batch is None and not self._current_behind(table, committed, windows):
+            merged = self._merge(table, committed, state, decoded, before, batch.ranges)
+            applied.current = merged if applied.current is None else _after_catch_up(applied.current, merged)
+        finally:
+            decoded.release()
+        state.offsets_behind = applied.offsets_behind = behind(state.recorded, {p: h for p, (_, h) in marks.items()})
+        return self._finish(applied, started)
+
+    def _merge(
+        self, table: LakeTable, committed: Generation, state: TableState, decoded: DecodedBatch,
+        batch_start: dict[int, int], batch_ranges: tuple[OffsetRange, ...],
+    ) -> CurrentResult:  # fmt: skip
+        """The batch into current: straight from the decoded rows when current stood at its
+        start and the batch continues it, else by catching up from the changelog."""
+        continues = state.position is not None and not walk(state.position.frontier, batch_ranges).holes
+        if state.position is None or not continues or not self._current_at(state, batch_start):
+            return self._catch_up(table, state)
+        result = apply_decoded(
+            self.spark, self.ledger, table, committed, state.position, decoded.changes(), decoded.summary,
+            state.recorded,
+        )  # fmt: skip
+        state.position = CurrentPosition(
+            result.generation, dict(result.frontier), result.applied_position, result.last_source_ts, result.rows
+        )
+        return result
+
+    def _catch_up(self, table: LakeTable, state: TableState) -> CurrentResult:
+        """``apply_current``: rebuilds current from a new generation (or a lost table) and
+        applies what the changelog covers beyond current's frontier."""
+        result = apply_current(self.spark, self.ledger, table)
+        ensure_deletion_vectors(self.spark, table)  # lakes from before deletion vectors
+        state.position = self.ledger.current(table.key)
+        state.current_checked = True
+        return result
+
+    def _seal(self, table: LakeTable, state: TableState) -> ChangelogDay | None:
+        """The day of the table's last batch, once the UTC day has moved past it."""
+        last = state.last_batch
+        today = window_key(window_start(datetime.now(UTC), DAY_S))
+        if last is None or last.day in (today, state.sealed_day) or state.pending is not None:
             return None
-        applied.current = apply_current(self.spark, self.ledger, table)
+        seal = seal_day(self.spark, self.ledger, table, last.day)
+        state.sealed_day = last.day
+        if not seal.contiguous:  # fixed offsets cannot overlap or skip; a hole here is a bug to report
+            log.error("%s: changelog day %s sealed with holes: %s", table.key, last.day, "; ".join(seal.holes))
+        return seal
+
+    def _finish(self, applied: TableApplied, started: float) -> TableApplied:
         applied.duration_s = round(time.monotonic() - started, 3)
         log.info("%s", describe(applied))
         return applied
 
-    def _pending(self, table: LakeTable, windows: dict[str, tuple[WindowRange, ...]]) -> BatchPlan | None:
-        """The last planned batch, when its ranges were never recorded (a pass was interrupted)."""
-        last = self.ledger.last_batch(table.key)
-        return last if last is not None and last.key not in windows else None
+    def _state(self, table: LakeTable, committed: Generation) -> TableState:
+        state = self.states.get(table.key)
+        if state is None or state.generation != committed.generation:
+            state = self.states[table.key] = load_state(self.ledger, table, committed)
+        return state
 
-    def _plan(
-        self, table: LakeTable, committed: Generation, windows: dict[str, tuple[WindowRange, ...]]
-    ) -> BatchPlan | None:
-        assert committed.watermark is not None
-        recorded = walk(committed.watermark.kafka_end_offsets, [r.offsets for rs in windows.values() for r in rs])
-        watermarks = self.kafka.watermarks(table.topic)
+    @staticmethod
+    def _current_at(state: TableState, frontier: dict[int, int]) -> bool:
+        """Current was checked in this process, is of the state's generation and stands at ``frontier``."""
+        position = state.position
+        return (
+            state.current_checked
+            and position is not None
+            and position.generation == state.generation
+            and _offsets(position.frontier) == _offsets(frontier)
+        )
+
+    def _available(self, table: LakeTable, watermarks: dict[int, tuple[int, int]] | None) -> dict[int, tuple[int, int]]:
+        """Per partition (earliest, end) of what this pass may apply."""
+        marks = watermarks if watermarks is not None else self.kafka.watermarks(table.topic)
         if self.until is not None:  # --once applies what was there when it started, not what keeps coming
             ends = self.until.get(table.key, {})
-            watermarks = {p: (low, min(high, ends.get(p, 0))) for p, (low, high) in watermarks.items()}
-        ranges = next_batch_ranges(table.key, recorded.frontier, watermarks, self.settings.max_offsets_per_batch)
+            marks = {p: (low, min(high, ends.get(p, 0))) for p, (low, high) in marks.items()}
+        return marks
+
+    def positions(self) -> dict[str, tuple[CurrentPosition, int | None]]:
+        """Where current stands per table, as this process last applied it, and how many offsets
+        it was behind then: what a reporter shows for tables that had nothing to apply."""
+        return {k: (s.position, s.offsets_behind) for k, s in self.states.items() if s.position is not None}
+
+    def _plan(
+        self, table: LakeTable, committed: Generation, state: TableState, marks: dict[int, tuple[int, int]]
+    ) -> BatchPlan | None:
+        assert committed.watermark is not None
+        ranges = next_batch_ranges(table.key, state.recorded, marks, self.settings.max_offsets_per_batch)
         if not ranges:
             return None
-        last = self.ledger.last_batch(table.key)
         day = window_key(window_start(datetime.now(UTC), DAY_S))
-        self.ledger.plan_batch(table.key, BatchPlan((last.number if last else 0) + 1, day, ranges))
-        # the ledger's first planning wins: two applies racing on one table act on one plan
-        return self.ledger.last_batch(table.key)
+        plan = BatchPlan((state.last_batch.number if state.last_batch else 0) + 1, day, ranges)
+        self.ledger.plan_batch(table.key, plan)
+        state.pending = plan
+        return plan
 
-    def _current_behind(
-        self, table: LakeTable, committed: Generation, windows: dict[str, tuple[WindowRange, ...]]
-    ) -> bool:
-        """Current has not applied what the changelog covers (an interrupted pass), or is
-        from an older generation."""
-        position = self.ledger.current(table.key)
-        if position is None or position.generation != committed.generation:
-            return True
-        covered = walk(position.frontier, [r.offsets for rs in windows.values() for r in rs])
-        return covered.frontier != position.frontier
+
+def _after_catch_up(catch_up: CurrentResult, merged: CurrentResult) -> CurrentResult:
+    """One pass's result when current was first rebuilt or caught up, then merged a batch."""
+    history = merged.history
+    if catch_up.history is not None and history is not None:
+        history = catch_up.history.plus(history)
+    return replace(
+        merged,
+        rebuilt=catch_up.rebuilt,
+        changes_applied=catch_up.changes_applied + merged.changes_applied,
+        duration_s=round(catch_up.duration_s + merged.duration_s, 3),
+        history=history,
+        dropped_by_generation=catch_up.dropped_by_generation,
+        dropped_sample=catch_up.dropped_sample,
+    )
+
+
+def _offsets(frontier: dict[int, int]) -> dict[int, int]:
+    """A frontier without its zeros (a partition at offset 0 is one nothing was read from)."""
+    return {p: o for p, o in frontier.items() if o}
 
 
 def describe(applied: TableApplied) -> str:
@@ -250,6 +482,12 @@ def describe(applied: TableApplied) -> str:
         parts.append(f"batch {applied.batch}{again}: {applied.offsets} offsets ({events or 'no events'})")
         if applied.changelog.dead_letters:
             parts.append(f"{applied.changelog.dead_letters} dead letter(s)")
+    if applied.sealed is not None:
+        seal = applied.sealed
+        parts.append(
+            f"changelog day {seal.day} sealed: {seal.batches} batches, {sum(seal.events.values())} events, "
+            + ("contiguous" if seal.contiguous else f"HOLES {'; '.join(seal.holes)}")
+        )
     if applied.current is not None:
         current = applied.current
         lag = (datetime.now(UTC) - current.last_source_ts).total_seconds() if current.last_source_ts else None

@@ -10,18 +10,22 @@ source and registers the change if the table's compatibility mode allows it.
 from __future__ import annotations
 
 import json
+import threading
 import time
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.config.model import ErrorTolerance
 from cdc_platform.kafka.clients import KafkaClients, worker_options
 from cdc_platform.lake.crash_points import crash_point
+from cdc_platform.lake.current import BatchSummary
 from cdc_platform.lake.lake_types import row_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
+from cdc_platform.model.coverage import walk
 from cdc_platform.model.errors import DeadLetterError, NoGenerationError, SchemaIncompatibleError
 from cdc_platform.model.tables import TableSchema
 from cdc_platform.model.windows import (
@@ -82,14 +86,13 @@ def materialize_window(
     started = time.monotonic()
     schema = _registered_schema(ledger, table)
     window = plan(ledger, kafka, table, start, end)
-    frame, registered = _read_window(spark, kafka, table, window, schema, refresh_schema)
+    decoded = _decode(spark, kafka, table, window, schema, refresh_schema)
     try:
-        result = _write_window(spark, table, window, frame)
+        result = _write_window(spark, table, window, decoded)
     finally:
-        frame.unpersist()
+        decoded.release()
     if not window.reused:  # fixed once, after the data: later runs reuse exactly these ranges
         ledger.record_window(table.key, window)
-    result.schema_registered = registered
     result.duration_s = round(time.monotonic() - started, 3)
     return result
 
@@ -97,23 +100,47 @@ def materialize_window(
 def materialize_batch(
     spark: SparkSession, ledger: Ledger, table: LakeTable, kafka: KafkaClients, batch: BatchPlan,
     refresh_schema: SchemaRefresh | None = None,
-) -> WindowResult:  # fmt: skip
+) -> DecodedBatch:  # fmt: skip
     """A stream apply's micro-batch: the planned offsets decoded and appended to the
     changelog under the batch's Delta transaction version (a re-run after a crash writes
-    nothing twice), then recorded as a changelog range set."""
+    nothing twice), then recorded as a changelog range set. The decoded rows stay cached
+    for the merge into current (the caller releases them): nothing is read back."""
     started = time.monotonic()
     schema = _registered_schema(ledger, table)
     window = batch.as_window(reused=False)
-    frame, registered = _read_window(spark, kafka, table, window, schema, refresh_schema)
+    decoded = _decode(spark, kafka, table, window, schema, refresh_schema)
     try:
-        result = _write_window(spark, table, window, frame, batch.number)
-    finally:
-        frame.unpersist()
-    crash_point("apply.changelog_written")
-    ledger.record_window(table.key, window)
-    result.schema_registered = registered
-    result.duration_s = round(time.monotonic() - started, 3)
-    return result
+        decoded.result = _write_window(spark, table, window, decoded, batch.number)
+        crash_point("apply.changelog_written")
+        ledger.record_window(table.key, window)
+    except BaseException:
+        decoded.release()
+        raise
+    decoded.result.duration_s = round(time.monotonic() - started, 3)
+    return decoded
+
+
+@dataclass
+class DecodedBatch:
+    """A window's or batch's decoded records (cached) and what one pass over them found."""
+
+    frame: DataFrame  # every record: change rows, tombstones, and errors (dead letters)
+    events: dict[str, int]  # by op, plus "tombstone"
+    dead_letters: int
+    unknown_columns: set[str]
+    summary: BatchSummary  # for the merge into current
+    min_commit_lsn: int | None
+    schema_registered: bool = False
+    result: WindowResult | None = None
+
+    def changes(self) -> DataFrame:
+        """The change events the merge applies (decoded, with an op)."""
+        from pyspark.sql import functions as F
+
+        return self.frame.where(F.col("error").isNull() & F.col("op").isNotNull())
+
+    def release(self) -> None:
+        self.frame.unpersist()
 
 
 def _registered_schema(ledger: Ledger, table: LakeTable) -> TableSchema:
@@ -131,21 +158,17 @@ def transaction_app_id(table: LakeTable) -> str:
     return f"cdc_platform.apply.{table.key}"
 
 
-def _read_window(
+def _decode(
     spark: SparkSession, kafka: KafkaClients, table: LakeTable, window: WindowPlan, schema: TableSchema,
     refresh_schema: SchemaRefresh | None,
-) -> tuple[DataFrame, bool]:  # fmt: skip
-    """The window's change rows (cached), decoded with the registered schema, or with the
+) -> DecodedBatch:  # fmt: skip
+    """The window's records decoded (cached) with the registered schema, or with the
     refreshed one when records carry columns it lacks."""
-    from pyspark.sql import functions as F
-
-    frame = read_ranges(spark, kafka, table, window, schema).cache()
-    unknown = {
-        name for r in frame.select(F.explode("unknown_columns").alias("c")).distinct().collect() for name in [r["c"]]
-    }
-    if not unknown:
-        return frame, False
-    frame.unpersist()
+    decoded = _decoded(read_ranges(spark, kafka, table, window, schema).cache())
+    if not decoded.unknown_columns:
+        return decoded
+    decoded.release()
+    unknown = decoded.unknown_columns
     refreshed = refresh_schema(unknown) if refresh_schema is not None else None
     if refreshed is None or not unknown <= set(refreshed.names):
         raise SchemaIncompatibleError(
@@ -154,7 +177,53 @@ def _read_window(
             f"incompatible under {table.config.compatibility.value}); nothing was written. A new generation "
             f"registers the source's schema: cdc-platform rehydrate {table.key}"
         )
-    return read_ranges(spark, kafka, table, window, refreshed).cache(), True
+    again = _decoded(read_ranges(spark, kafka, table, window, refreshed).cache())
+    again.schema_registered = True
+    return again
+
+
+DEAD = "__dead_letter"
+
+
+def _decoded(frame: DataFrame) -> DecodedBatch:
+    """One Spark job over the cached records: counts by op, dead letters, columns the
+    schema does not know, and the merge's summary (positions, time, newest truncate)."""
+    from pyspark.sql import functions as F
+
+    kind = F.when(F.col("error").isNotNull(), F.lit(DEAD)).when(F.col("op").isNull(), F.lit("tombstone"))
+    rows = (
+        frame.groupBy(kind.otherwise(F.col("op")).alias("kind"))
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.min("commit_lsn").alias("lo"),
+            F.max("commit_lsn").alias("hi"),
+            F.max("source_ts").alias("ts"),
+            F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "lsn"))).alias("t"),
+            F.array_distinct(F.flatten(F.collect_list("unknown_columns"))).alias("unknown"),
+        )
+        .collect()
+    )
+    events = {r["kind"]: int(r["n"]) for r in rows if r["kind"] != DEAD}
+    ops = [r for r in rows if r["kind"] not in (DEAD, "tombstone")]
+    lows = [r["lo"] for r in ops if r["lo"] is not None]
+    highs = [r["hi"] for r in ops if r["hi"] is not None]
+    times = [r["ts"] for r in ops if r["ts"] is not None]
+    truncate = next(((int(r["t"]["commit_lsn"]), int(r["t"]["lsn"])) for r in ops if r["t"] is not None), None)
+    summary = BatchSummary(
+        changes=sum(int(r["n"]) for r in ops),
+        max_commit=max(highs) if highs else None,
+        max_ts=max(times).astimezone(UTC) if times else None,  # Spark hands back naive local time
+        truncate=truncate,
+        deletes=events.get("d", 0),
+    )
+    return DecodedBatch(
+        frame=frame,
+        events=events,
+        dead_letters=sum(int(r["n"]) for r in rows if r["kind"] == DEAD),
+        unknown_columns={c for r in rows for c in (r["unknown"] or [])},
+        summary=summary,
+        min_commit_lsn=min(lows) if lows else None,
+    )
 
 
 def read_ranges(
@@ -172,9 +241,9 @@ def read_offsets(
     schema: TableSchema,
 ) -> DataFrame:  # fmt: skip
     """The decoded change rows of the table's topic in ``[partition, start, end)`` spans."""
-    from cdc_platform.lake.kafka_source import KafkaRangeDataSource, change_schema
+    from cdc_platform.lake.kafka_source import change_schema
 
-    spark.dataSource.register(KafkaRangeDataSource)
+    _register_source(spark)
     options = {
         "topic": table.topic,
         "schema": schema.to_json(),
@@ -185,15 +254,31 @@ def read_offsets(
     return spark.read.format("cdc_kafka_range").schema(change_schema(row_type(schema))).options(**options).load()
 
 
+_REGISTERING = threading.Lock()
+_REGISTERED: weakref.WeakSet[SparkSession] = weakref.WeakSet()  # sessions the Kafka range source is registered in
+
+
+def _register_source(spark: SparkSession) -> None:
+    """Once per session: a stream apply's tables decode side by side, and registering the
+    same name from two threads at once fails."""
+    from cdc_platform.lake.kafka_source import KafkaRangeDataSource
+
+    with _REGISTERING:
+        if spark not in _REGISTERED:
+            spark.dataSource.register(KafkaRangeDataSource)
+            _REGISTERED.add(spark)
+
+
 def _write_window(
-    spark: SparkSession, table: LakeTable, window: WindowPlan, frame: DataFrame, batch: int | None = None
+    spark: SparkSession, table: LakeTable, window: WindowPlan, decoded: DecodedBatch, batch: int | None = None
 ) -> WindowResult:
     """A window replaces its changelog partition; a stream batch (``batch``: its number)
     appends to its day's partition, idempotently (Delta ``txnAppId``/``txnVersion``)."""
     from pyspark.sql import functions as F
 
+    frame = decoded.frame
     dead = frame.where(F.col("error").isNotNull())
-    dead_count = dead.count()
+    dead_count = decoded.dead_letters
     if dead_count and table.config.errors.tolerance is ErrorTolerance.NONE:
         sample = [r["error"] for r in dead.select("error").limit(3).collect()]
         raise DeadLetterError(
@@ -212,7 +297,18 @@ def _write_window(
             F.lit(table.topic).alias("topic"),
         ).write.format("delta")  # fmt: skip
         _write_mode(dead_writer, window, batch, table).partitionBy("window_start").save(table.dead_letters_path)
-    return _window_stats(window, good, dead_count)
+    events = dict(decoded.events)
+    return WindowResult(
+        window_start=window.key,
+        ranges=list(window.ranges),
+        reused_ranges=window.reused,
+        events=events,
+        dead_letters=dead_count,
+        rows=sum(events.values()),
+        min_commit_lsn=decoded.min_commit_lsn,
+        max_commit_lsn=decoded.summary.max_commit,
+        schema_registered=decoded.schema_registered,
+    )
 
 
 def _write_mode(writer: Any, window: WindowPlan, batch: int | None, table: LakeTable) -> Any:
@@ -222,25 +318,66 @@ def _write_mode(writer: Any, window: WindowPlan, batch: int | None, table: LakeT
     return writer.mode("append").option("txnAppId", transaction_app_id(table)).option("txnVersion", str(batch))
 
 
-def _window_stats(window: WindowPlan, good: DataFrame, dead_count: int) -> WindowResult:
-    """One pass: events by op and the window's commit-position span."""
+@dataclass(frozen=True)
+class ChangelogDay:
+    """A streamed changelog's UTC day: its offsets per Kafka partition, batches and events.
+    While the day fills, a running apply adds each batch (``plus``); once the UTC day is
+    over, ``seal_day`` reads the whole day back: its ranges fixed and checked contiguous.
+    Days are the streamed changelog's partitions (in the lake and in Dagster): at most 366
+    a year whatever the trigger interval."""
+
+    table: str
+    day: str  # the window key of the day's start, e.g. 2026-11-25T00:00:00Z
+    batches: int = 0
+    ranges: dict[int, tuple[int, int]] = field(default_factory=dict)  # partition -> (first offset, end)
+    events: dict[str, int] = field(default_factory=dict)  # by op, plus "tombstone"
+    dead_letters: int = 0
+    sealed: bool = False
+    holes: tuple[str, ...] = ()  # offsets inside a sealed day that no batch covers (must be none)
+
+    @property
+    def contiguous(self) -> bool:
+        return not self.holes
+
+    def plus(self, batch: WindowResult) -> ChangelogDay:
+        """The day with one more batch of it (``batch.window_start`` is the batch's key)."""
+        ranges = dict(self.ranges)
+        for r in batch.ranges:
+            first, end = ranges.get(r.partition, (r.start, r.end))
+            ranges[r.partition] = (min(first, r.start), max(end, r.end))
+        events = dict(self.events)
+        for op, n in batch.events.items():
+            events[op] = events.get(op, 0) + n
+        return replace(
+            self,
+            batches=self.batches + 1,
+            ranges=ranges,
+            events=events,
+            dead_letters=self.dead_letters + batch.dead_letters,
+        )
+
+
+def seal_day(spark: SparkSession, ledger: Ledger, table: LakeTable, day: str) -> ChangelogDay:
+    """Seal ``day`` of a streamed changelog: read once, when the apply moved on to the next day."""
+    from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    stats = (
-        good.groupBy(F.coalesce("op", F.lit("tombstone")).alias("op"))
-        .agg(F.count(F.lit(1)).alias("n"), F.min("commit_lsn").alias("lo"), F.max("commit_lsn").alias("hi"))
-        .collect()
-    )
-    events = {r["op"]: int(r["n"]) for r in stats}
-    lows = [r["lo"] for r in stats if r["lo"] is not None]
-    highs = [r["hi"] for r in stats if r["hi"] is not None]
-    return WindowResult(
-        window_start=window.key,
-        ranges=list(window.ranges),
-        reused_ranges=window.reused,
-        events=events,
-        dead_letters=dead_count,
-        rows=sum(events.values()),
-        min_commit_lsn=min(lows) if lows else None,
-        max_commit_lsn=max(highs) if highs else None,
-    )
+    windows = ledger.windows(table.key)
+    keys = [k for k in windows if is_batch_key(k) and changelog_partition(k) == day]
+    spans = [r.offsets for k in keys for r in windows[k]]
+    starts: dict[int, int] = {}
+    for span in spans:
+        starts[span.partition] = min(starts.get(span.partition, span.start), span.start)
+    coverage = walk(starts, spans)
+    ranges = {p: (s, coverage.frontier[p]) for p, s in sorted(starts.items())}
+    in_day = F.col("window_start") == day
+    events = {
+        r["op"]: int(r["n"])
+        for r in spark.read.format("delta").load(table.changelog_path).where(in_day)
+        .groupBy(F.coalesce("op", F.lit("tombstone")).alias("op")).agg(F.count(F.lit(1)).alias("n")).collect()
+    }  # fmt: skip
+    dead = 0
+    if DeltaTable.isDeltaTable(spark, table.dead_letters_path):
+        dead = spark.read.format("delta").load(table.dead_letters_path).where(in_day).count()
+    holes = tuple(h.describe() for h in coverage.holes)
+    return ChangelogDay(table.key, day, len(keys), ranges, events, dead, sealed=True, holes=holes)

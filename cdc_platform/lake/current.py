@@ -21,8 +21,12 @@ current has applied (generation, frontier, source position) is in the ledger.
 * **Order.** Within the batch, per key, events are ordered by (commit LSN, LSN, Kafka
   partition, offset); the latest decides the row. Each row keeps its position
   (``_cdc_commit_lsn``, ``_cdc_lsn``); an event at or before a row's position is ignored,
-  and deleted keys remember their position (``current_deletes``), so an at-least-once
-  duplicate never moves a row backwards or resurrects it.
+  and deleted keys remember their position (``current_deletes``, appended to: a key
+  deleted twice has two rows, and any newer-or-equal one blocks an older event), so an
+  at-least-once duplicate never moves a row backwards or resurrects it.
+* **Cost follows the changes.** Current has deletion vectors: a MERGE marks the rows it
+  replaces instead of rewriting their files. One aggregation keeps the latest event per
+  key; the row count moves by the MERGE's own metrics, not by counting the table.
 * **TOAST.** A column listed in ``unavailable`` keeps its value (from an earlier event of
   the batch if there is one, else the row's current value).
 * **Truncate.** Streamed rows older than the truncate are removed; snapshot rows only when
@@ -57,6 +61,8 @@ POSITION_COLUMNS = ("_cdc_commit_lsn", "_cdc_lsn")
 # the commit position of snapshot rows (their _cdc_lsn is the watermark LSN): below every
 # streamed change, whose commit position is a real LSN (or a polled source's clock)
 SNAPSHOT_COMMIT = 0
+# current's MERGEs mark replaced rows in deletion vectors instead of rewriting whole files
+DELETION_VECTORS = {"delta.enableDeletionVectors": "true"}
 
 
 @dataclass
@@ -77,11 +83,25 @@ class CurrentResult:
     dropped_sample: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class BatchSummary:
+    """What one pass over a batch of change events tells the merge (``summarize``, or the
+    changelog's statistics job for a stream batch: no second pass)."""
+
+    changes: int  # events with an op (tombstones carry nothing the 'd' before them did not)
+    max_commit: int | None = None
+    max_ts: datetime | None = None
+    truncate: tuple[int, int] | None = None  # the newest truncate's (commit LSN, LSN)
+    deletes: int = 0  # 'd' events: only then are deleted keys remembered
+
+
 @dataclass
 class _Batch:
     applied: int = 0
     max_position: int | None = None
     last_ts: datetime | None = None
+    # how the MERGE moved current's row count; None after a truncate (then it is counted)
+    rows_delta: int | None = 0
 
 
 def committed_generation(ledger: Ledger, table: LakeTable) -> Generation:
@@ -140,6 +160,32 @@ def apply_current(spark: SparkSession, ledger: Ledger, table: LakeTable) -> Curr
     )  # fmt: skip
 
 
+def apply_decoded(
+    spark: SparkSession, ledger: Ledger, table: LakeTable, committed: Generation, position: CurrentPosition,
+    changes: DataFrame, summary: BatchSummary, frontier: dict[int, int],
+) -> CurrentResult:  # fmt: skip
+    """The stream apply's fast path: a batch's decoded events merged straight into current,
+    which stands exactly at the batch's first offsets (``position``); ``frontier`` is where
+    the batch ends. Nothing is read back from the changelog and nothing is counted: the row
+    count moves by the MERGE's metrics."""
+    started = time.monotonic()
+    schema = TableSchema.from_json(committed.schema_json)
+    batch, history = merge_changes(spark, table, schema, changes, summary)
+    crash_point("current.merged")
+    if batch.rows_delta is None:  # a truncate deleted rows outside the MERGE's metrics
+        rows = spark.read.format("delta").load(table.current_path).count()
+    else:
+        rows = position.rows + batch.rows_delta
+    applied_position = max(position.applied_position, batch.max_position or 0)
+    last_ts = batch.last_ts or position.last_source_ts
+    position_now = CurrentPosition(committed.generation, dict(frontier), applied_position, last_ts, rows)
+    ledger.record_current(table.key, position_now)
+    return CurrentResult(
+        committed.generation, False, batch.applied, rows, dict(frontier), applied_position, last_ts,
+        round(time.monotonic() - started, 3), [], history if table.config.history else None,
+    )  # fmt: skip
+
+
 def streamed_position(ledger: Ledger, table: LakeTable) -> CurrentResult:
     """Where the stream apply left current (``lake.apply``), without writing: what a Dagster
     run of a streamed table reports and checks."""
@@ -153,6 +199,21 @@ def streamed_position(ledger: Ledger, table: LakeTable) -> CurrentResult:
         position.generation, False, 0, position.rows, dict(position.frontier), position.applied_position,
         position.last_source_ts, 0.0,
     )  # fmt: skip
+
+
+def ensure_deletion_vectors(spark: SparkSession, table: LakeTable) -> None:
+    """Current tables of older lakes (or overwritten in place) get deletion vectors too
+    (unless ``lake.deletion_vectors: false``): a table property, set once; the next MERGE
+    uses them."""
+    from delta.tables import DeltaTable
+
+    if not table.deletion_vectors:
+        return
+    path = table.current_path
+    properties = DeltaTable.forPath(spark, path).detail().first()
+    if properties is not None and (properties["properties"] or {}).get("delta.enableDeletionVectors") == "true":
+        return
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
 
 
 def _last_version(spark: SparkSession, path: str) -> int | None:
@@ -178,8 +239,9 @@ def _rebuild(
         F.lit(SNAPSHOT_COMMIT).cast("long").alias("_cdc_commit_lsn"),
         F.lit(watermark.position).cast("long").alias("_cdc_lsn"),
     ).write.format("delta").mode("overwrite").option("overwriteSchema", "true").options(
-        **table_options(frame.schema)
+        **table_options(frame.schema), **(DELETION_VECTORS if table.deletion_vectors else {})
     ).save(table.current_path)
+    ensure_deletion_vectors(spark, table)
     keys = list(schema.key)
     key_schema = ", ".join(f"`{k}` {frame.schema[k].dataType.simpleString()}" for k in keys)
     deletes = spark.createDataFrame([], f"{key_schema}, _cdc_commit_lsn long, _cdc_lsn long")
@@ -197,7 +259,8 @@ def _apply_windows(
     spark: SparkSession, table: LakeTable, schema: TableSchema, windows: dict[str, tuple[WindowRange, ...]],
     position: CurrentPosition, frontier: dict[int, int], committed: Generation,
 ) -> tuple[_Batch, HistoryResult]:  # fmt: skip
-    """Merge the offsets between the old and the new frontier into current (and history)."""
+    """Merge the offsets between the old and the new frontier, read back from the changelog,
+    into current (and history)."""
     assert committed.watermark is not None
     touched = sorted(
         w for w, rs in windows.items()
@@ -206,21 +269,51 @@ def _apply_windows(
     if not touched:
         return _Batch(), HistoryResult(0, 0)
     batch = _changes(spark, table, touched, position.frontier, frontier).cache()
-    keys = list(schema.key)
     try:
-        _evolve(spark, table.current_path, batch)
-        if table.config.history:
-            _evolve(spark, table.history_path, batch)
-        result = _merge(spark, table, batch, keys)
-        history = HistoryResult(0, 0)
-        if table.config.history and result.applied:
-            columns = [
-                c for c in spark.read.format("delta").load(table.current_path).columns if c not in POSITION_COLUMNS
-            ]
-            history = apply_history(spark, table.history_path, batch, keys, columns)
-        return result, history
+        return merge_changes(spark, table, schema, batch)
     finally:
         batch.unpersist()
+
+
+def merge_changes(
+    spark: SparkSession, table: LakeTable, schema: TableSchema, changes: DataFrame, summary: BatchSummary | None = None
+) -> tuple[_Batch, HistoryResult]:
+    """Merge change events (changelog columns, ``op`` set) into current and history.
+    ``summary``: the batch's statistics when the caller already has them (one pass fewer)."""
+    keys = list(schema.key)
+    summary = summary or summarize(changes)
+    if summary.changes == 0:
+        return _Batch(), HistoryResult(0, 0)
+    _evolve(spark, table.current_path, changes)
+    if table.config.history:
+        _evolve(spark, table.history_path, changes)
+    result = _merge(spark, table, changes, keys, summary)
+    history = HistoryResult(0, 0)
+    if table.config.history and result.applied:
+        columns = [c for c in spark.read.format("delta").load(table.current_path).columns if c not in POSITION_COLUMNS]
+        history = apply_history(spark, table.history_path, changes, keys, columns)
+    return result, history
+
+
+def summarize(changes: DataFrame) -> BatchSummary:
+    """One pass over the batch: its size, its newest position and time, its newest truncate."""
+    from pyspark.sql import functions as F
+
+    row = changes.agg(
+        F.count(F.lit(1)).alias("n"),
+        F.max("commit_lsn").alias("max_commit"),
+        F.max("source_ts").alias("max_ts"),
+        F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "lsn"))).alias("t"),
+        F.count(F.when(F.col("op") == "d", F.lit(1))).alias("deletes"),
+    ).first()
+    assert row is not None
+    truncate = (int(row["t"]["commit_lsn"]), int(row["t"]["lsn"])) if row["t"] is not None else None
+    max_commit = int(row["max_commit"]) if row["max_commit"] is not None else None
+    return BatchSummary(int(row["n"]), max_commit, _utc(row["max_ts"]), truncate, int(row["deletes"]))
+
+
+def _utc(ts: datetime | None) -> datetime | None:
+    return ts.astimezone(UTC) if ts is not None else None  # Spark hands back naive local time
 
 
 def _evolve(spark: SparkSession, path: str, batch: DataFrame) -> list[str]:
@@ -282,29 +375,23 @@ def _changes(
     )
 
 
-def _merge(spark: SparkSession, table: LakeTable, batch: DataFrame, keys: list[str]) -> _Batch:
+def _merge(spark: SparkSession, table: LakeTable, batch: DataFrame, keys: list[str], summary: BatchSummary) -> _Batch:
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    # one pass over the batch: its size, its newest position, and the newest truncate
-    summary = batch.agg(
-        F.count(F.lit(1)).alias("n"),
-        F.max("commit_lsn").alias("max_commit"),
-        F.max("source_ts").alias("max_ts"),
-        F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "lsn"))).alias("t"),
-    ).first()
-    assert summary is not None
-    if int(summary["n"]) == 0:
-        return _Batch()
     target = DeltaTable.forPath(spark, table.current_path)
     columns = [f.name for f in target.toDF().schema.fields if f.name not in POSITION_COLUMNS]
-    if summary["t"] is not None:
-        batch = _truncate(target, batch, summary["t"]["commit_lsn"], summary["t"]["lsn"])
+    if summary.truncate is not None:
+        batch = _truncate(target, batch, *summary.truncate)
     latest = _not_deleted_later(spark, table, _latest_per_key(batch.where(F.col("op") != "t"), keys, columns), keys)
-    _merge_latest(target, latest, keys, columns)
-    _remember_deletes(spark, table, latest, keys)
-    last_ts = summary["max_ts"].astimezone(UTC) if summary["max_ts"] is not None else None  # naive: local time
-    return _Batch(int(summary["n"]), int(summary["max_commit"]) if summary["max_commit"] is not None else None, last_ts)
+    metrics = _merge_latest(target, latest, keys, columns)
+    if summary.truncate is None:
+        rows_delta: int | None = int(metrics["num_inserted_rows"]) - int(metrics["num_deleted_rows"])
+    else:
+        rows_delta = None
+    if summary.deletes:
+        _remember_deletes(table, latest, keys)
+    return _Batch(summary.changes, summary.max_commit, summary.max_ts, rows_delta)
 
 
 def _truncate(target: Any, batch: DataFrame, t_commit: int, t_lsn: int) -> DataFrame:
@@ -341,23 +428,23 @@ def _latest_per_key(batch: DataFrame, keys: list[str], columns: list[str]) -> Da
 
 
 def _not_deleted_later(spark: SparkSession, table: LakeTable, latest: DataFrame, keys: list[str]) -> DataFrame:
-    """A duplicate older than a remembered delete must not resurrect the row."""
+    """A duplicate older than a remembered delete must not resurrect the row: any remembered
+    delete of the key at or after the event's position drops it."""
     from pyspark.sql import functions as F
 
     deletes = spark.read.format("delta").load(table.deletes_path)
-    cond = [F.col(f"l.__key_{k}") == F.col(f"d.{k}") for k in keys]
+    cond = [F.col(f"l.__key_{k}").eqNullSafe(F.col(f"d.{k}")) for k in keys]
     stale = (F.col("d._cdc_commit_lsn") > F.col("l.__order.commit_lsn")) | (
         (F.col("d._cdc_commit_lsn") == F.col("l.__order.commit_lsn")) & (F.col("d._cdc_lsn") >= F.col("l.__order.lsn"))
     )
-    return (
-        latest.alias("l")
-        .join(deletes.alias("d"), on=cond, how="left")
-        .where(~F.coalesce(stale, F.lit(False)))
-        .select("l.*")
-    )
+    joined = cond[0]
+    for c in cond[1:]:
+        joined = joined & c
+    return latest.alias("l").join(deletes.alias("d"), on=joined & stale, how="left_anti")
 
 
-def _merge_latest(target: Any, latest: DataFrame, keys: list[str], columns: list[str]) -> None:
+def _merge_latest(target: Any, latest: DataFrame, keys: list[str], columns: list[str]) -> dict[str, Any]:
+    """The MERGE; returns Delta's metrics (rows inserted, updated, deleted)."""
     # (commit LSN, LSN) compared as a pair: an event at or before the row's position is a duplicate
     newer = (
         "(s.__order.commit_lsn > t._cdc_commit_lsn"
@@ -367,18 +454,21 @@ def _merge_latest(target: Any, latest: DataFrame, keys: list[str], columns: list
     values = {f"`{c}`": f"CASE WHEN s.`__v_{c}` IS NOT NULL THEN s.`__v_{c}`.v ELSE t.`{c}` END" for c in columns}
     inserts = {f"`{c}`": f"s.`__v_{c}`.v" for c in columns}
     position = {"_cdc_commit_lsn": "s.__order.commit_lsn", "_cdc_lsn": "s.__order.lsn"}
-    (
+    metrics = (
         target.alias("t")
         .merge(latest.alias("s"), match)
         .whenMatchedDelete(condition=f"s.op = 'd' AND {newer}")
         .whenMatchedUpdate(condition=f"s.op <> 'd' AND {newer}", set={**values, **position})
         .whenNotMatchedInsert(condition="s.op <> 'd'", values={**inserts, **position})
         .execute()
+        .first()
     )
+    return metrics.asDict() if metrics is not None else {"num_inserted_rows": 0, "num_deleted_rows": 0}
 
 
-def _remember_deletes(spark: SparkSession, table: LakeTable, latest: DataFrame, keys: list[str]) -> None:
-    from delta.tables import DeltaTable
+def _remember_deletes(table: LakeTable, latest: DataFrame, keys: list[str]) -> None:
+    """Appended, not merged (a MERGE costs several Spark jobs per batch): the guard above
+    takes any remembered delete of the key, so older rows of a key do no harm."""
     from pyspark.sql import functions as F
 
     removed = latest.where(F.col("op") == "d").select(
@@ -386,11 +476,4 @@ def _remember_deletes(spark: SparkSession, table: LakeTable, latest: DataFrame, 
         F.col("__order.commit_lsn").alias("_cdc_commit_lsn"),
         F.col("__order.lsn").alias("_cdc_lsn"),
     )
-    match = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
-    (
-        DeltaTable.forPath(spark, table.deletes_path).alias("t")
-        .merge(removed.alias("s"), match)
-        .whenMatchedUpdateAll()
-        .whenNotMatchedInsertAll()
-        .execute()
-    )  # fmt: skip
+    removed.write.format("delta").mode("append").save(table.deletes_path)

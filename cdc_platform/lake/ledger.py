@@ -1,6 +1,6 @@
 """The ledger: every piece of pipeline state, typed, in the lake.
 
-Five append-only Delta tables under ``<lake>/_ledger/``, read and written with delta-rs
+Append-only Delta tables under ``<lake>/_ledger/``, read and written with delta-rs
 (no Spark, no JVM: sensors, the CLI and the Spark driver all use the same class):
 
 * ``generations`` — one row per step of a generation's life (requested, running,
@@ -10,7 +10,9 @@ Five append-only Delta tables under ``<lake>/_ledger/``, read and written with d
 * ``schemas`` — the table's registered schema versions (compatibility history, and the
   schema the lake decodes Kafka records with);
 * ``feeds`` — readings of the source's rows-written counter and the topic's end offsets
-  (``model.feeds``: is the topic fed?).
+  (``model.feeds``: is the topic fed?);
+* ``batches`` — the stream apply's micro-batches, planned before their data is written;
+* ``leases`` — who applies a source (``model.leases``: one stream apply per source).
 
 Appends only, so concurrent writers never lose each other (a commit that loses a race,
 e.g. two writers creating a table at once, is written again): the state is the fold of the rows
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -37,6 +40,7 @@ from cdc_platform.model.coverage import OffsetRange
 from cdc_platform.model.errors import RetriableError
 from cdc_platform.model.feeds import FeedObservation
 from cdc_platform.model.generations import Generation, GenerationEvent, GenerationStatus, Watermark, fold
+from cdc_platform.model.leases import LeaseEvent, LeaseState
 from cdc_platform.model.state import CurrentPosition, SchemaRecord
 from cdc_platform.model.tables import TableSchema
 from cdc_platform.model.windows import BatchPlan, WindowPlan, WindowRange
@@ -85,7 +89,14 @@ SCHEMAS: dict[str, pa.Schema] = {
     "feeds": pa.schema(
         [("table", pa.string()), ("at", _TS), ("source_changes", pa.int64()), ("topic_end", pa.string())]
     ),
+    "leases": pa.schema(
+        [("scope", pa.string()), ("holder", pa.string()), ("host", pa.string()), ("pid", pa.int64()),
+         ("state", pa.string()), ("at", _TS)]
+    ),
 }  # fmt: skip
+
+
+_APPENDING = {name: threading.Lock() for name in SCHEMAS}
 
 
 @dataclass(frozen=True)
@@ -228,7 +239,36 @@ class Ledger:
         ends = {int(p): int(o) for p, o in json.loads(row["topic_end"]).items()}
         return FeedObservation(row["at"], int(row["source_changes"]), ends, confirmed=True)
 
+    # ------------------------------------------------------------ leases
+
+    def record_lease(self, event: LeaseEvent) -> None:
+        row = {
+            "scope": event.scope, "holder": event.holder, "host": event.host, "pid": event.pid,
+            "state": event.state.value, "at": event.at,
+        }  # fmt: skip
+        self._append("leases", [row])
+
+    def leases(self, scope: str) -> list[LeaseEvent]:
+        delta = self._table("leases")
+        if delta is None:
+            return []
+        data = delta.to_pyarrow_table()
+        rows = data.filter(pc.equal(data["scope"], scope)).to_pylist()
+        return [
+            LeaseEvent(r["scope"], r["holder"], r["host"], int(r["pid"]), LeaseState(r["state"]), r["at"]) for r in rows
+        ]
+
     # ------------------------------------------------------------ everything at once
+
+    def committed_all(self) -> dict[str, Generation]:
+        """Every table's latest committed generation, from one read (a stream apply's pass)."""
+        from cdc_platform.model.generations import latest_committed
+
+        events: dict[str, list[GenerationEvent]] = {}
+        for row in self._rows("generations"):
+            events.setdefault(row["table"], []).append(_generation_event(row))
+        committed = {t: latest_committed(fold(e).values()) for t, e in events.items()}
+        return {t: g for t, g in committed.items() if g is not None}
 
     def read(self) -> LedgerState:
         generations: dict[str, list[GenerationEvent]] = {}
@@ -274,12 +314,17 @@ class Ledger:
         return rows
 
     def _append(self, name: str, rows: list[dict[str, Any]]) -> None:
-        import deltalake
-        from deltalake.exceptions import CommitFailedError
-
         if not rows:
             return
         data = pa.Table.from_pylist(rows, schema=SCHEMAS[name])
+        with _APPENDING[name]:  # threads of one process (a stream apply's tables) take turns, not retries
+            self._commit(name, data)
+            self._maintain(name)
+
+    def _commit(self, name: str, data: pa.Table) -> None:
+        import deltalake
+        from deltalake.exceptions import CommitFailedError
+
         for attempt in range(COMMIT_ATTEMPTS):
             try:
                 deltalake.write_deltalake(
@@ -298,7 +343,6 @@ class Ledger:
                 f"ledger {self._path(name)}: lost {COMMIT_ATTEMPTS} commits in a row to other writers; "
                 "the run retries (many writers on one ledger table at once? check for runaway runs)"
             )
-        self._maintain(name)
 
     def _maintain(self, name: str) -> None:
         """Every MAINTAIN_EVERY commits: one file, a checkpoint, old files removed."""

@@ -30,6 +30,7 @@ class LakeTable:
     lake_root: str
     topic: str
     encoding: ValueEncoding  # how the topic's producer writes values (Debezium's representation settings)
+    deletion_vectors: bool = True  # current's MERGEs mark rows instead of rewriting files (lake.deletion_vectors)
 
     @property
     def root(self) -> str:
@@ -70,7 +71,7 @@ class LakeTable:
 
 def lake_table(config: PlatformConfig, table: TableConfig) -> LakeTable:
     encoding = config.sources[table.source].value_encoding()
-    return LakeTable(table, config.lake.root, config.topic_for(table), encoding)
+    return LakeTable(table, config.lake.root, config.topic_for(table), encoding, config.lake.deletion_vectors)
 
 
 def lake_tables(config: PlatformConfig) -> list[LakeTable]:

@@ -9,6 +9,7 @@ import dagster as dg
 
 from cdc_platform.config import load_config
 from cdc_platform.lake.tables import lake_table
+from cdc_platform.orchestration.apply_job import build_apply_job, build_apply_schedule
 from cdc_platform.orchestration.assets import table_assets
 from cdc_platform.orchestration.keys import current_keys, source_asset_key
 from cdc_platform.orchestration.resources import platform_resources
@@ -25,6 +26,13 @@ def build_definitions(config_path: str | Path) -> dg.Definitions:
     tables = list(config.tables)
     lake = {t.key: lake_table(config, t) for t in tables}
     topics = {key: table.topic for key, table in lake.items()}
+    streamed = [name for name in config.sources if any(config.streamed(t) for t in config.tables_of(name))]
+    apply_jobs = {name: build_apply_job(config, name) for name in streamed}
+    apply_schedules = [
+        build_apply_schedule(apply_jobs[name], schedule)
+        for name in streamed
+        if (schedule := config.sources[name].apply.schedule) is not None
+    ]
     observe_sources = dg.define_asset_job(
         "observe_sources",
         selection=dg.AssetSelection.assets(*(source_asset_key(t) for t in tables)),
@@ -35,7 +43,7 @@ def build_definitions(config_path: str | Path) -> dg.Definitions:
         # one process per run: its steps (asset, checks) share one Spark session instead of
         # starting a JVM per step
         executor=dg.in_process_executor,
-        jobs=[observe_sources],
+        jobs=[observe_sources, *apply_jobs.values()],
         sensors=[
             # windows of tables a stream apply writes are never requested (it records its own batches)
             build_changelog_sensor([t for t in tables if not config.streamed(t)], topics),
@@ -55,7 +63,8 @@ def build_definitions(config_path: str | Path) -> dg.Definitions:
                 job=observe_sources,
                 cron_schedule="*/5 * * * *",
                 default_status=dg.DefaultScheduleStatus.RUNNING,
-            )
+            ),
+            *apply_schedules,
         ],
         resources=platform_resources(path),
     )

@@ -56,3 +56,8 @@ def generation_job_name(table: TableConfig) -> str:
 
 def changelog_job_name(table: TableConfig) -> str:
     return f"{table.source}__{table.dagster_name}__changelog_job"
+
+
+def apply_job_name(source: str) -> str:
+    """The scheduled mode of a streamed source: its stream apply as one Dagster run."""
+    return f"{source}__apply_job"

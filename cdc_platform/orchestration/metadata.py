@@ -9,7 +9,7 @@ from typing import Any
 
 import dagster as dg
 
-from cdc_platform.lake.changelog import WindowResult
+from cdc_platform.lake.changelog import ChangelogDay, WindowResult
 from cdc_platform.lake.checks import CompletenessReport, KeysReport
 from cdc_platform.lake.current import CurrentResult
 from cdc_platform.lake.schema_registry import SchemaReport
@@ -102,7 +102,11 @@ def changelog_metadata(result: WindowResult, position: Callable[[int], str]) -> 
     return metadata
 
 
-def current_metadata(result: CurrentResult, position: Callable[[int], str]) -> Metadata:
+def current_metadata(
+    result: CurrentResult, position: Callable[[int], str], offsets_behind: int | None = None
+) -> Metadata:
+    """``offsets_behind``: for a streamed table, the Kafka offsets not yet applied when the pass
+    read the topics (0: caught up, so it is not behind however old its last change is)."""
     metadata: Metadata = {
         "dagster/row_count": dg.MetadataValue.int(result.rows),
         "rows": dg.MetadataValue.int(result.rows),
@@ -116,10 +120,37 @@ def current_metadata(result: CurrentResult, position: Callable[[int], str]) -> M
     if result.dropped_by_generation is not None:
         metadata["rows_dropped_by_generation"] = dg.MetadataValue.int(result.dropped_by_generation)
         metadata["dropped_sample"] = dg.MetadataValue.json(result.dropped_sample)
+    if offsets_behind is not None:
+        metadata["offsets_behind"] = dg.MetadataValue.int(offsets_behind)
     if result.last_source_ts is not None:
         metadata["last_source_commit"] = dg.MetadataValue.timestamp(result.last_source_ts)
         lag = (datetime.now(UTC) - result.last_source_ts).total_seconds()
-        metadata["freshness_lag_s"] = dg.MetadataValue.float(lag)
+        metadata["freshness_lag_s"] = dg.MetadataValue.float(0.0 if offsets_behind == 0 else lag)
+    elif offsets_behind == 0:
+        metadata["freshness_lag_s"] = dg.MetadataValue.float(0.0)
+    return metadata
+
+
+def changelog_day_metadata(day: ChangelogDay) -> Metadata:
+    """A streamed changelog's day: while it fills (what this apply process wrote to it) and
+    once sealed (the whole day, its ranges checked contiguous)."""
+    metadata: Metadata = {
+        "day": dg.MetadataValue.text(day.day[:10]),
+        "sealed": dg.MetadataValue.bool(day.sealed),
+        "batches": dg.MetadataValue.int(day.batches),
+        "events": dg.MetadataValue.int(sum(day.events.values())),
+        "dead_letters": dg.MetadataValue.int(day.dead_letters),
+        "offset_ranges": dg.MetadataValue.json({str(p): [s, e] for p, (s, e) in sorted(day.ranges.items())}),
+        "offsets": dg.MetadataValue.int(sum(e - s for s, e in day.ranges.values())),
+        "engine": dg.MetadataValue.text("stream"),
+    }
+    for op in ("c", "u", "d", "t", "r", "tombstone"):
+        metadata[f"events_{op}"] = dg.MetadataValue.int(day.events.get(op, 0))
+    if day.sealed:
+        metadata["contiguous"] = dg.MetadataValue.bool(not day.holes)
+        metadata["holes"] = dg.MetadataValue.json(list(day.holes))
+    else:
+        metadata["counted_since"] = dg.MetadataValue.text("this apply process started (sealed days count all)")
     return metadata
 
 

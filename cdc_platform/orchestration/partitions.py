@@ -1,4 +1,5 @@
-"""Partitions: one per snapshot generation (dynamic), one per changelog window (time)."""
+"""Partitions: one per snapshot generation (dynamic); one per changelog window (time), or,
+for a streamed table, one per UTC day its stream apply wrote (dynamic: at most 366 a year)."""
 
 from __future__ import annotations
 
@@ -20,3 +21,16 @@ def changelog_partitions(table: TableConfig) -> dg.TimeWindowPartitionsDefinitio
     return dg.TimeWindowPartitionsDefinition(
         cron_schedule=table.changelog.cron_schedule(), start=table.changelog.start, fmt=PARTITION_FORMAT, timezone="UTC"
     )
+
+
+def changelog_days_partitions(table: TableConfig) -> dg.DynamicPartitionsDefinition:
+    """A streamed changelog: one partition per UTC day the stream apply wrote, added when it
+    writes the day's first batch. Days before the table's first generation, or days nothing
+    was applied, do not exist, so none shows as missing; whatever the trigger interval,
+    at most 366 a year."""
+    return dg.DynamicPartitionsDefinition(name=f"{group_name(table)}_changelog_days")
+
+
+def day_partition_key(day: str) -> str:
+    """The Dagster partition of a changelog day (``2026-11-25T00:00:00Z`` -> ``2026-11-25``)."""
+    return day[:10]

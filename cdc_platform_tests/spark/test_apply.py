@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,13 @@ def _assert_each_offset_once_and_no_hole(lake: Lake, spark: Any, key: str) -> No
 
 
 def test_the_stream_apply_keeps_current_equal_to_the_source(env: CaptureEnv, spark: Any) -> None:
-    lake, keys, engine = Lake(env.config, spark), _keys(env), _engine(env, spark)
+    lake, keys = Lake(env.config, spark), _keys(env)
+    with _engine(env, spark) as engine:
+        _stream_a_mixed_workload(env, lake, keys, engine)
+
+
+def _stream_a_mixed_workload(env: CaptureEnv, lake: Lake, keys: list[str], engine: StreamApply) -> None:
+    spark = lake.spark
     with env.running_capture():
         workload = Workload(env, seconds=None, seed=11, pause_s=PAUSE_S)
         workload.start()
@@ -108,6 +115,28 @@ def test_the_stream_apply_keeps_current_equal_to_the_source(env: CaptureEnv, spa
     for key in keys:
         _assert_each_offset_once_and_no_hole(lake, spark, key)
     assert engine.run_pass() == []  # caught up: an idle pass writes nothing
+    _a_pass_reads_no_growing_ledger_table(env, lake, keys, engine)
+
+
+def _a_pass_reads_no_growing_ledger_table(env: CaptureEnv, lake: Lake, keys: list[str], engine: StreamApply) -> None:
+    """The windows and batches tables grow with every batch; a running apply keeps what it
+    needs of them in memory, so a pass costs the same after a year as after a minute."""
+    with env.app() as app:
+        app.execute("INSERT INTO lines VALUES (2, 1, 'one more')")
+    env.run_until_caught_up()
+    reads: list[str] = []
+    ledger = engine.ledger
+    for name in ("windows", "batches", "last_batch", "current"):
+        original = getattr(ledger, name)
+        setattr(ledger, name, lambda *a, _n=name, _f=original: reads.append(_n) or _f(*a))
+    try:
+        applied = engine.run_pass()
+    finally:
+        for name in ("windows", "batches", "last_batch", "current"):
+            delattr(ledger, name)
+    assert [a.table for a in applied if a.batch is not None] == [keys[1]]
+    assert reads == []
+    assert lake.read_current(keys[1]).count() == 2
 
 
 def _apply(env: CaptureEnv, *args: str, fault: str | None = None) -> subprocess.Popen[bytes]:
@@ -180,3 +209,83 @@ def _wait_for_a_batch(env: CaptureEnv, log_start: int, process: subprocess.Popen
                 return
         time.sleep(0.2)
     raise AssertionError(f"no batch applied within 180 s:\n{path.read_text()[-3000:]}")
+
+
+def test_a_lake_built_by_windows_goes_on_in_the_stream_with_deletion_vectors(env: CaptureEnv, spark: Any) -> None:
+    """Existing lakes: a source that was applied by window runs into a current without
+    deletion vectors (as before they existed) is switched to the stream: the apply
+    continues at the windows' recorded frontier, gives current deletion vectors, and
+    current equals the source with every offset in the changelog once."""
+    from datetime import timedelta
+
+    from delta.tables import DeltaTable
+
+    keys = _keys(env)
+    config = env.config
+    no_grace = [
+        t.model_copy(update={"changelog": t.changelog.model_copy(update={"grace_s": 0.0})}) for t in config.tables
+    ]
+    lake_settings = config.lake.model_copy(update={"deletion_vectors": False})
+    old = Lake(config.model_copy(update={"lake": lake_settings, "tables": no_grace}), spark)
+    _changes(env, seed=3, first_id=1)
+    env.run_until_caught_up()
+    for key in keys:
+        old.snapshot(key, "g1")
+    _changes(env, seed=4, first_id=5000)
+    env.run_until_caught_up()
+    start, end = datetime(2026, 1, 1, tzinfo=UTC), datetime.now(UTC) + timedelta(seconds=1)
+    time.sleep(1.5)  # the window is closed (no grace)
+    for key in keys:
+        assert old.window(key, start, end).rows > 0
+        old.current(key)
+
+    def deletion_vectors(key: str) -> bool:
+        detail = DeltaTable.forPath(spark, old.table(key).current_path).detail().first()
+        assert detail is not None
+        return (detail["properties"] or {}).get("delta.enableDeletionVectors") == "true"
+
+    assert not any(deletion_vectors(key) for key in keys)
+    _changes(env, seed=5, first_id=9000)  # more changes after the switch
+    env.run_until_caught_up()
+    assert _apply(env, "--once").wait(timeout=300) == 0
+    assert all(deletion_vectors(key) for key in keys)
+    lake = Lake(env.config, spark)
+    assert_current_equals_source(lake, keys, at_least=20)
+    for key in keys:
+        assert any(not is_batch_key(w) for w in lake.ledger.windows(key))  # the windows' ranges, kept
+        _assert_each_offset_once_and_no_hole(lake, spark, key)
+
+
+def test_a_scheduled_run_applies_what_is_available_and_materializes_each_table(env: CaptureEnv, spark: Any) -> None:
+    """The scheduled mode: the source's Dagster job (what ``apply.schedule`` starts) applies
+    everything Kafka holds and stops; the run materializes current and today's changelog
+    partition of each table, and a continuous apply holding the source makes it fail."""
+    import dagster as dg
+
+    from cdc_platform.orchestration.definitions import build_definitions
+
+    lake, keys = Lake(env.config, spark), _keys(env)
+    _changes(env, seed=21, first_id=1)
+    env.run_until_caught_up()
+    for key in keys:
+        lake.snapshot(key, "g1")
+    _changes(env, seed=22, first_id=3000)
+    env.run_until_caught_up()
+    defs = build_definitions(env.config_path)
+    job = defs.resolve_job_def("cap__apply_job")
+    with dg.instance_for_test() as instance:
+        result = job.execute_in_process(instance=instance, resources=defs.resources)
+        assert result.success
+        materialized = {e.asset_key.path[-1]: e for e in result.get_asset_materialization_events()}
+        tables = [key.split(".")[-1] for key in keys]
+        assert set(materialized) == {*tables, "changelog"}  # current of each, and changelog days
+        days = [e for e in result.get_asset_materialization_events() if e.asset_key.path[-1] == "changelog"]
+        assert {e.partition for e in days} == {datetime.now(UTC).strftime("%Y-%m-%d")}
+        assert all(e.materialization.metadata["batches"].value >= 1 for e in days)  # type: ignore[union-attr]
+        assert_current_equals_source(lake, keys, at_least=20)
+        with _engine(env, spark) as holder:  # a continuous apply of the source
+            holder.run_pass()
+            refused = job.execute_in_process(instance=instance, resources=defs.resources, raise_on_error=False)
+        assert not refused.success
+        failure = next(e for e in refused.all_events if e.is_step_failure)
+        assert "already applied by another process" in str(failure.step_failure_data.error)  # type: ignore[union-attr]

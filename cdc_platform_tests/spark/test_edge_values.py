@@ -28,6 +28,7 @@ from cdc_platform.devtools.stack.postgres import CAPTURE_ROLE
 from cdc_platform.model.errors import CdcError
 from cdc_platform_tests.cases.pg_edges import EDGE_CASES, EDGE_COLUMNS, REFUSED_CASES, edge_cases_ddl
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
+from cdc_platform_tests.spark.readers import delta_rs, duckdb_table
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +109,7 @@ def test_every_edge_value_is_exact_through_snapshot_and_changelog(env: CaptureEn
     for kind, path in paths.items():
         in_spark = {"snapshot": snapshot, "changelog": streamed, "current": current}[kind]
         want = {(case, column): in_spark[case][column] for case, column in temporal if case in in_spark}
-        for engine, arrow in (("delta-rs", _delta_rs(path)), ("duckdb", _duckdb(path))):
+        for engine, arrow in (("delta-rs", delta_rs(path)), ("duckdb", duckdb_table(path))):
             read = _temporal_integers(arrow)
             assert {(case, c): read[case][c] for case, c in want} == want, (kind, engine)
 
@@ -142,22 +143,6 @@ def test_values_the_lake_refuses_are_refused_loudly_in_both_paths(env: CaptureEn
     errors = [r["error"] for r in spark.read.format("delta").load(lake.table(key).dead_letters_path).collect()]
     for _, column, _, reason in REFUSED_CASES:
         assert any(column in e and (reason in e or "64-bit" in e) for e in errors), (column, errors)
-
-
-def _delta_rs(path: str) -> Any:
-    from deltalake import DeltaTable
-
-    return DeltaTable(path).to_pyarrow_table()
-
-
-def _duckdb(path: str) -> Any:
-    import duckdb
-    from duckdb_extensions import import_extension
-
-    import_extension("delta")
-    with duckdb.connect() as db:
-        db.execute("LOAD delta")
-        return db.execute("SELECT * FROM delta_scan(?)", [path]).arrow().read_all()
 
 
 def _temporal_integers(arrow: Any) -> dict[str, dict[str, str | None]]:

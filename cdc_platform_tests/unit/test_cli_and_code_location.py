@@ -88,9 +88,12 @@ def test_a_streamed_source_is_applied_by_its_stream_not_by_window_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """shop streamed, the others by windows: the changelog sensor asks windows of crm's tables only,
-    shop's current runs on a cadence for its checks, and shop's changelog asset refuses a run."""
+    shop's current runs on a cadence for its checks and has a freshness policy, and shop's
+    changelog has a partition per day and refuses a run."""
     monkeypatch.delenv("CDC_SPARK_JARS_DIR", raising=False)
-    text, count = re.subn(r"(?m)^(  shop:.*)$", r"\1\n    apply: {engine: stream}", DEMO_CONFIG.read_text(), count=1)
+    windows = re.sub(r"(?m)^    apply: \{engine: stream\}.*\n", "", DEMO_CONFIG.read_text())  # all by windows
+    windows = re.sub(r"(?m)^(  - name: crm\.crm\.accounts)$", r"\1\n    changelog: {window: 5m}", windows)
+    text, count = re.subn(r"(?m)^(  shop:.*)$", r"\1\n    apply: {engine: stream}", windows, count=1)
     assert count == 1
     config = tmp_path / "cdc_platform.yaml"
     config.write_text(text)
@@ -106,8 +109,14 @@ def test_a_streamed_source_is_applied_by_its_stream_not_by_window_runs(
         a for a in defs.assets or []
         if isinstance(a, dg.AssetsDefinition) and dg.AssetKey(["shop", "customers", "changelog"]) in a.keys
     )  # fmt: skip
-    with pytest.raises(dg.Failure, match=r"written by the stream apply.*cdc-platform apply --source shop"):
-        dg.materialize([changelog], partition_key="2026-11-25T00:00", resources=defs.resources)
+    # one partition per day the stream wrote (it adds them): none before it, at most 366 a year
+    days = changelog.partitions_def
+    assert isinstance(days, dg.DynamicPartitionsDefinition) and days.name == "shop_customers_changelog_days"
+    assert specs["shop/customers"].freshness_policy is not None and specs["crm/accounts"].freshness_policy is None
+    with dg.DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(days.name, ["2026-11-25"])
+        with pytest.raises(dg.Failure, match=r"written by the stream apply.*cdc-platform apply --source shop"):
+            dg.materialize([changelog], partition_key="2026-11-25", resources=defs.resources, instance=instance)
 
 
 def test_jars_come_from_a_setting_with_a_pinned_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -311,3 +311,14 @@ def test_capture_settings_are_refused_for_a_debezium_source(tmp_path: Path) -> N
     text = with_debezium().replace("    producer:\n", "    decimal_handling: string\n    producer:\n")
     [problem] = problems(tmp_path, text)
     assert "producer.settings" in problem
+
+
+def test_a_key_written_twice_is_an_error_not_a_silent_override(tmp_path: Path) -> None:
+    text = (
+        "sources:\n  shop:\n    database: shop\n    user: u\n    password_env: PW\n"
+        "    apply: {engine: stream}\n    apply: {engine: windows}\n"
+        "kafka: {bootstrap_servers: 'k:9092'}\nlake: {root: lake}\ntables: [{name: shop.public.t}]\n"
+    )
+    assert problems(tmp_path, text) == [
+        "cdc_platform.yaml:7: sources.shop.apply: written twice (first on line 6); keep one"
+    ]

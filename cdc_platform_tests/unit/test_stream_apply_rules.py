@@ -162,3 +162,182 @@ def test_a_running_apply_reports_current_to_dagster_at_most_once_a_minute(tmp_pa
         now[0] = 61.0
         report(applied(0, rebuilt=True))  # a new generation is shown at once
         assert len(events()) == 3
+
+
+def _lease(holder: str, state: str, at_s: float, host: str = "h1", pid: int = 1) -> Any:
+    from datetime import UTC, datetime, timedelta
+
+    from cdc_platform.model.leases import LeaseEvent, LeaseState
+
+    return LeaseEvent(
+        "apply:shop", holder, host, pid, LeaseState(state), datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=at_s)
+    )
+
+
+def test_a_source_is_applied_by_the_first_live_holder_only() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from cdc_platform.model.leases import live_holders
+
+    now = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=100)
+    this_host = {1: True, 2: False, 3: True}
+
+    def alive(host: str, pid: int) -> bool | None:
+        return this_host[pid] if host == "h1" else None  # another host: only its heartbeat tells
+
+    events = [_lease("a", "held", 10, pid=1), _lease("b", "held", 5, pid=2), _lease("c", "held", 20, pid=3)]
+    # b took it first but its process is gone (SIGKILL): a holds it, c is refused
+    assert [h.holder for h in live_holders(events, now, alive, ttl_s=60)] == ["a", "c"]
+    # a released it: c now holds it
+    assert [h.holder for h in live_holders([*events, _lease("a", "released", 30, pid=1)], now, alive, 60)] == ["c"]
+    # on another host, a holder lives as long as its heartbeats are younger than the TTL
+    remote = [_lease("r", "held", 0, host="h2", pid=9), _lease("r", "held", 50, host="h2", pid=9)]
+    assert [h.holder for h in live_holders(remote, now, alive, ttl_s=60)] == ["r"]
+    assert live_holders(remote, now + timedelta(seconds=11), alive, ttl_s=60) == []
+    assert live_holders(remote, now, alive, ttl_s=60)[0].since == remote[0].at  # the first taker's time
+
+
+def test_a_second_apply_of_a_source_stops_with_the_holder_named(tmp_path: Path) -> None:
+    from cdc_platform.lake.apply import ApplyLease
+
+    ledger = Ledger(str(tmp_path))
+    first = ApplyLease(ledger, ["shop"])
+    first.acquire()
+    second = ApplyLease(ledger, ["shop"])
+    with pytest.raises(FatalError, match=r"source 'shop' is already applied by another process \(pid \d+ on ") as err:
+        second.acquire()
+    assert err.value.reason == "apply_already_running" and not second.held
+    other_source = ApplyLease(ledger, ["crm"])
+    other_source.acquire()  # one lease per source, not per lake
+    first.release()
+    second.acquire()  # released: the next one takes it at once
+    assert second.held
+
+
+def test_the_lease_of_a_killed_apply_on_this_host_is_taken_over_at_once(tmp_path: Path) -> None:
+    from cdc_platform.lake.apply import ApplyLease
+
+    ledger = Ledger(str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    killed = ApplyLease(ledger, ["shop"])
+    killed.pid = dead.pid  # what a SIGKILLed apply leaves behind: held, by a process that is gone
+    killed.acquire()
+    successor = ApplyLease(ledger, ["shop"])
+    successor.acquire()
+    assert successor.held
+
+
+def test_a_running_apply_reports_each_changelog_day_and_seals_it_and_idle_tables_stay_fresh(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    import dagster as dg
+
+    from cdc_platform.lake.apply import TableApplied
+    from cdc_platform.lake.changelog import ChangelogDay, WindowResult
+    from cdc_platform.lake.tables import lake_table
+    from cdc_platform.model.state import CurrentPosition
+    from cdc_platform.model.windows import WindowRange
+    from cdc_platform.orchestration.reporting import RunlessReporter
+
+    config = load_config(_config(tmp_path, "    apply: {engine: stream}"))
+    table = lake_table(config, config.tables[0])
+    changelog = dg.AssetKey(["shop", "orders", "changelog"])
+    now = [0.0]
+    old_change = datetime.now(UTC) - timedelta(hours=3)
+    idle = {table.key: (CurrentPosition("g1", {0: 12}, 99, old_change, 7), 0)}  # caught up long ago
+
+    def batch(number: int, start: int, end: int, day: str = DAY) -> list[TableApplied]:
+        ranges = [WindowRange(0, start, end, "")]
+        result = WindowResult(batch_key(day, number), ranges, False, {"u": end - start, "d": 1}, dead_letters=1)
+        return [TableApplied(table.key, batch=batch_key(day, number), changelog=result)]
+
+    def days() -> list[Any]:
+        records = instance.fetch_materializations(changelog, limit=100).records
+        return [r.asset_materialization for r in records]
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        report = RunlessReporter(instance, [table], position=str, clock=lambda: now[0], positions=lambda: idle)
+        report(batch(1, 0, 5))  # a day's first batch creates its partition and is shown at once
+        now[0] = 10.0
+        report(batch(2, 5, 9))
+        assert len(days()) == 1 and instance.get_dynamic_partitions("shop_orders_changelog_days") == ["2026-11-25"]
+        now[0] = 60.0
+        report(batch(3, 9, 12))
+        newest = days()[0]
+        assert newest is not None and newest.partition == "2026-11-25"
+        assert newest.metadata["batches"].value == 3 and newest.metadata["offset_ranges"].value == {"0": [0, 12]}
+        assert newest.metadata["events_u"].value == 12 and newest.metadata["dead_letters"].value == 3
+        assert newest.metadata["sealed"].value is False
+        # the next UTC day: the apply sealed this one (whole day, checked contiguous) and is filling the next
+        sealed = ChangelogDay(table.key, DAY, 3, {0: (0, 12)}, {"u": 12, "d": 3}, 3, sealed=True)
+        now[0] = 61.0
+        report([TableApplied(table.key, sealed=sealed), *batch(4, 12, 13, day="2026-11-26T00:00:00Z")])
+        sealed_event, next_day = days()[1], days()[0]
+        assert sealed_event is not None and sealed_event.metadata["sealed"].value is True
+        assert sealed_event.metadata["contiguous"].value is True and sealed_event.partition == "2026-11-25"
+        assert next_day is not None and next_day.partition == "2026-11-26"
+        # a table with nothing to apply is reported every five minutes, caught up: not stale
+        now[0] = 400.0
+        report([])
+        current = instance.fetch_materializations(dg.AssetKey(["shop", "orders"]), limit=10).records
+        assert len(current) == 1
+        metadata = current[0].asset_materialization.metadata  # type: ignore[union-attr]
+        assert metadata["offsets_behind"].value == 0 and metadata["freshness_lag_s"].value == 0.0
+        assert metadata["rows"].value == 7
+        now[0] = 500.0
+        report([])
+        assert len(instance.fetch_materializations(dg.AssetKey(["shop", "orders"]), limit=10).records) == 1
+
+
+def test_one_apply_takes_the_named_streamed_sources_or_all_of_them(tmp_path: Path) -> None:
+    from cdc_platform.cli.apply import streamed_sources
+    from cdc_platform.cli.main import CliError
+
+    path = tmp_path / "cdc_platform.yaml"
+    path.write_text(
+        """
+sources:
+  shop: {database: shop, user: u, password_env: PW, apply: {engine: stream}}
+  bench: {database: bench, user: u, password_env: PW, apply: {engine: stream}}
+  old: {database: old, user: u, password_env: PW}
+kafka: {bootstrap_servers: "127.0.0.1:9092"}
+lake: {root: lake}
+tables: [{name: shop.public.a}, {name: bench.public.b}, {name: old.public.c}]
+"""
+    )
+    config = load_config(path)
+    assert streamed_sources(config, ["shop", "bench"], False) == ["shop", "bench"]
+    assert streamed_sources(config, None, True) == ["shop", "bench"]  # --all: the streamed ones
+    with pytest.raises(CliError, match=r"'old' is applied by changelog-window runs.*sources\.old\.apply\.engine"):
+        streamed_sources(config, ["old"], False)
+    with pytest.raises(CliError, match=r"no source 'nope'"):
+        streamed_sources(config, ["nope"], False)
+    with pytest.raises(CliError, match=r"--source \(or use --all\)"):
+        streamed_sources(config, None, False)
+
+
+def test_a_scheduled_source_gets_an_apply_job_whose_schedule_never_overlaps_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dagster as dg
+
+    from cdc_platform.orchestration.definitions import build_definitions
+
+    monkeypatch.delenv("CDC_SPARK_JARS_DIR", raising=False)
+    path = _config(tmp_path, '    apply: {engine: stream, schedule: "*/5 * * * *"}')
+    defs = build_definitions(path)
+    job = defs.resolve_job_def("shop__apply_job")
+    schedule = defs.resolve_schedule_def("shop__apply_job_schedule")
+    assert schedule.cron_schedule == "*/5 * * * *" and schedule.job_name == job.name
+    with dg.instance_for_test() as instance:  # a schedule's context needs a persistent instance
+        assert isinstance(schedule(dg.build_schedule_context(instance=instance)), dg.RunRequest)
+        instance.add_run(dg.DagsterRun(job_name=job.name, run_id="r1", status=dg.DagsterRunStatus.STARTED))
+        skipped = schedule(dg.build_schedule_context(instance=instance))
+        assert isinstance(skipped, dg.SkipReason) and "r1" in (skipped.skip_message or "")
+    # without a schedule the job is there to launch by hand; a windows source has none
+    assert build_definitions(_config(tmp_path, "    apply: {engine: stream}")).resolve_job_def("shop__apply_job")
+    with pytest.raises(dg.DagsterInvariantViolationError):
+        build_definitions(_config(tmp_path, "")).resolve_job_def("shop__apply_job")
+    with pytest.raises(ConfigError, match=r"sources\.shop\.apply\.schedule"):
+        load_config(_config(tmp_path, '    apply: {engine: stream, schedule: "every five minutes"}'))

@@ -1,4 +1,5 @@
-"""Changelog windows: one time-window partition per window."""
+"""The changelog: one time-window partition per window, or, for a streamed table, one
+partition per UTC day (reported by the stream apply)."""
 
 import dagster as dg
 
@@ -8,7 +9,7 @@ from cdc_platform.lake.schema_registry import schema_refresh
 from cdc_platform.orchestration.failures import RETRY_POLICY, failures_mapped
 from cdc_platform.orchestration.keys import changelog_asset_key, group_name, source_asset_key
 from cdc_platform.orchestration.metadata import changelog_metadata
-from cdc_platform.orchestration.partitions import changelog_partitions
+from cdc_platform.orchestration.partitions import changelog_days_partitions, changelog_partitions
 from cdc_platform.orchestration.resources import CdcSparkResource, KafkaResource, LedgerResource, SourcesResource
 
 
@@ -19,15 +20,10 @@ def build_changelog_asset(
         key=changelog_asset_key(table),
         group_name=group_name(table),
         kinds={"spark", "delta", "kafka"},
-        partitions_def=changelog_partitions(table),
+        partitions_def=changelog_days_partitions(table) if streamed else changelog_partitions(table),
         retry_policy=RETRY_POLICY,
         deps=[source_asset_key(table)],
-        description=(
-            f"Change events of {table.key} from Kafka topic {topic}, one partition per {table.changelog.window} "
-            "window: offset ranges fixed once per window (in the ledger), read in parallel, decoded with the "
-            "table's registered schema into typed columns; undecodable records go to the dead-letter table per "
-            "errors.tolerance."
-        ),
+        description=_description(table, topic, streamed),
         metadata={"lake_path": f"{lake_path}/changelog", "topic": topic},
         tags={"cdc/source": table.source},
     )
@@ -59,3 +55,21 @@ def build_changelog_asset(
         return dg.MaterializeResult(metadata=changelog_metadata(result, source.format_position))
 
     return changelog
+
+
+def _description(table: TableConfig, topic: str, streamed: bool) -> str:
+    decoded = (
+        "decoded with the table's registered schema into typed columns; undecodable records go to the "
+        "dead-letter table per errors.tolerance."
+    )
+    if streamed:
+        return (
+            f"Change events of {table.key} from Kafka topic {topic}, appended by the stream apply of source "
+            f"'{table.source}' in micro-batches (offsets planned in the ledger before they are written, Delta "
+            f"idempotent appends), {decoded} One partition per UTC day, reported while the day fills and sealed "
+            "once it is over: its offset ranges fixed and checked contiguous."
+        )
+    return (
+        f"Change events of {table.key} from Kafka topic {topic}, one partition per {table.changelog.window} "
+        f"window: offset ranges fixed once per window (in the ledger), read in parallel, {decoded}"
+    )

@@ -1,6 +1,7 @@
 """Current state (and history), with its three checks, in one step and one Spark session."""
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import dagster as dg
@@ -56,6 +57,9 @@ STREAMED_CHECKS_CRON = "*/10 * * * *"
 STREAMED_AUTOMATION = dg.AutomationCondition.on_cron(STREAMED_CHECKS_CRON).with_label(
     "checks every 10 minutes (the stream apply writes current)"
 )
+# the stream apply reports a streamed current at least every five minutes (every minute while
+# it applies): no report for 10 minutes means the apply is down or stuck
+STREAMED_FRESHNESS = dg.FreshnessPolicy.time_window(fail_window=timedelta(minutes=10), warn_window=timedelta(minutes=3))
 
 
 def current_specs(table: TableConfig, lake_path: str, streamed: bool = False) -> list[dg.AssetSpec]:
@@ -66,6 +70,7 @@ def current_specs(table: TableConfig, lake_path: str, streamed: bool = False) ->
         "deps": deps,
         "tags": {"cdc/source": table.source},
         "automation_condition": STREAMED_AUTOMATION if streamed else CURRENT_AUTOMATION,
+        **({"freshness_policy": STREAMED_FRESHNESS} if streamed else {}),
     }
     specs = [
         dg.AssetSpec(
