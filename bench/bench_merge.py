@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -72,8 +73,8 @@ def bench(spark: object, size: int, root: Path) -> tuple[float, float, float]:
     rebuild_s = time.perf_counter() - started
 
     row = "struct<id:bigint,v:bigint,s:string>"
-    roll = F.rand(7)
-    changes = spark.range(CHANGES).select(
+    roll = F.col("roll")  # one draw per change: its op and its key agree (an insert gets a new key)
+    changes = spark.range(CHANGES).select("id", F.rand(7).alias("roll"), F.rand(11).alias("pick")).select(
         F.lit(0).alias("kafka_partition"),
         F.col("id").alias("kafka_offset"),
         F.current_timestamp().alias("kafka_timestamp"),
@@ -84,7 +85,7 @@ def bench(spark: object, size: int, root: Path) -> tuple[float, float, float]:
         F.col("id").alias("tx_id"),
         F.current_timestamp().alias("source_ts"),
         F.lit(None).cast("string").alias("key_json"),
-        F.when(roll >= 0.9, F.lit(size) + F.col("id")).otherwise((F.rand(11) * size).cast("long")).alias("k"),
+        F.when(roll >= 0.9, F.lit(size) + F.col("id")).otherwise((F.col("pick") * size).cast("long")).alias("k"),
     )
     image = F.struct(F.col("k").alias("id"), (F.col("k") * 3).alias("v"), F.lit("changed").alias("s"))
     changes = changes.select(
@@ -99,6 +100,7 @@ def bench(spark: object, size: int, root: Path) -> tuple[float, float, float]:
     decoded.count()  # the stream apply holds its decoded batch in memory
     pristine = spark.read.format("delta").load(table.current_path).count()
     copy_current(spark, table.current_path, f"{root}/pristine")
+    copy_current(spark, table.deletes_path, f"{root}/pristine_deletes")
     position = ledger.current(table.key)
     assert position is not None
     generation = ledger.committed(table.key)
@@ -110,7 +112,8 @@ def bench(spark: object, size: int, root: Path) -> tuple[float, float, float]:
     decoded.unpersist()
 
     copy_current(spark, f"{root}/pristine", table.current_path)
-    ledger.record_current(table.key, position)
+    copy_current(spark, f"{root}/pristine_deletes", table.deletes_path)
+    ledger.record_current(table.key, replace(position, updated_at=datetime.now(UTC)))  # the newest record wins
     ledger.record_window(table.key, WindowPlan("w1", (WindowRange(0, 0, CHANGES, "w2"),), reused=False))
     started = time.perf_counter()
     result = apply_current(spark, ledger, table)

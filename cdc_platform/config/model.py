@@ -116,13 +116,16 @@ class ApplyConfig(_Strict):
         description="stream, scheduled mode: a cron schedule (5 fields, UTC) on which the Dagster job "
         "<source>__apply_job applies everything available and stops; unset: run `cdc-platform apply` continuously.",
     )
-    parallelism: int = Field(
-        default=4,
+    parallelism: int | None = Field(
+        default=None,
         ge=1,
         le=64,
-        description="stream: tables whose micro-batches are applied at once (Spark runs their jobs side by side; "
-        "most of a small batch's time is the driver's, so this helps even on two cores).",
+        description="stream: tables whose micro-batches are applied at once (Spark runs their jobs side by side). "
+        "Default: the machine's cores, at least 2 (on 2 cores, 2 beat 4: the Spark driver is the limit).",
     )
+
+    def tables_at_once(self) -> int:
+        return self.parallelism or max(2, os.cpu_count() or 2)
 
 
 class PostgresSource(_Strict):

@@ -13,9 +13,12 @@ Per table and micro-batch:
    in the ledger (``batches``) *before* anything is written.
 2. **Changelog.** The planned offsets are decoded with the table's registered schema
    (cached; one Spark job counts ops, dead letters, unknown columns and positions) and
-   appended to the changelog's partition of the day under Delta's idempotent-write
-   options (``txnAppId`` = the table, ``txnVersion`` = the batch number): a re-run of the
-   batch writes nothing twice. Undecodable records follow ``errors.tolerance``.
+   appended to the changelog's partition of the day, the batch's identity in the same
+   Delta commit (``userMetadata``). A batch re-applied after an interruption is appended
+   only if no recent commit carries its identity, and then with Delta's idempotent-write
+   options (``txnAppId`` = the table, ``txnVersion`` = the batch number), whose check
+   costs a rebuild of the log's state: paid on recovery, not on every batch. Undecodable
+   records follow ``errors.tolerance``.
 3. **Record.** The batch's ranges join the ledger's changelog ranges: from here on
    coverage, current, the completeness check and the rehydration sensor see them.
 4. **Current.** The decoded events are merged straight into current (and history), with
@@ -25,7 +28,9 @@ Per table and micro-batch:
    rebuilds or catches up from the changelog.
 
 Tables are applied side by side (``apply.parallelism``): a small batch's time is mostly
-the Spark driver's planning and Delta's commits, which overlap well.
+the Spark driver's planning and Delta's commits, which overlap well. In continuous mode
+each table runs on its own cadence: a table with a batch goes again as soon as it is
+done, so a slow table (a wide history, a big backlog) never holds the others' next batch.
 
 The apply keeps each table's pipeline state (last batch, recorded frontier, current's
 position) in memory and reads the ledger only when the process starts, when a table's
@@ -51,7 +56,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from types import TracebackType
@@ -238,7 +243,7 @@ class StreamApply:
         self.health = {t.key: TableHealth() for t in self.tables}
         self.states: dict[str, TableState] = {}
         self.lease = ApplyLease(ledger, [t.source for t in self.tables])
-        self.pool = ThreadPoolExecutor(max(1, min(settings.parallelism, len(self.tables))), "apply")
+        self.pool = ThreadPoolExecutor(max(1, min(settings.tables_at_once(), len(self.tables))), "apply")
         # --once: per table, the end offsets when it started (what "available" means)
         self.until: dict[str, dict[int, int]] | None = None
 
@@ -319,13 +324,51 @@ class StreamApply:
     def run_forever(
         self, stop: threading.Event, on_pass: Callable[[list[TableApplied]], None] = lambda _a: None
     ) -> None:
-        """Continuous mode: a pass whenever a topic has new records, a pause of
-        ``trigger_interval_s`` when every table is idle, until ``stop`` is set."""
+        """Continuous mode: every table on its own cadence, up to ``apply.parallelism`` at
+        once. A table that applied a batch goes again as soon as it is done (its next batch
+        never waits for a slower table's); one with nothing new waits ``trigger_interval_s``.
+        ``on_pass`` gets what each round of completions applied. Until ``stop`` is set; batches
+        in flight are finished first."""
+        interval = self.settings.trigger_interval_s
+        running: dict[Future[TableApplied | None], str] = {}
+        idle_until: dict[str, float] = {}
+        committed: dict[str, Generation] = {}
+        read_at = -float("inf")
         while not stop.is_set():
-            applied = self.run_pass()
-            on_pass(applied)
-            if not any(a.batch is not None for a in applied):
-                stop.wait(self.settings.trigger_interval_s)
+            if not self.lease.held:
+                self.lease.acquire()
+            self.lease.heartbeat()
+            now = time.monotonic()
+            if now - read_at >= interval:  # a generation committed meanwhile is seen within one interval
+                committed, read_at = self.ledger.committed_all(), now
+            busy = set(running.values())
+            for table in self.tables:
+                generation = committed.get(table.key)
+                if table.key in busy or idle_until.get(table.key, 0.0) > now:
+                    continue
+                if self.health[table.key].ready(generation.generation if generation else None, now):
+                    running[self.pool.submit(self._apply_kept, table, generation, None)] = table.key
+            if not running:
+                stop.wait(max(0.05, min([*idle_until.values(), now + interval]) - now))
+                continue
+            done, _ = wait(running, timeout=interval, return_when=FIRST_COMPLETED)
+            on_pass(self._completed(done, running, idle_until))
+        wait(running)
+        on_pass(self._completed(set(running), running, idle_until))
+
+    def _completed(
+        self, done: set[Future[TableApplied | None]], running: dict[Future[TableApplied | None], str],
+        idle_until: dict[str, float],
+    ) -> list[TableApplied]:  # fmt: skip
+        applied = []
+        for future in done:
+            key = running.pop(future)
+            result = future.result()
+            if result is None or result.batch is None:  # nothing new: look again after the interval
+                idle_until[key] = time.monotonic() + self.settings.trigger_interval_s
+            if result is not None:
+                applied.append(result)
+        return applied
 
     # ------------------------------------------------------------ one table
 
@@ -350,7 +393,9 @@ class StreamApply:
             return self._finish(applied, started) if done else None
         applied.batch, applied.offsets, applied.reapplied = batch.key, batch.offsets, state.pending is not None
         crash_point("apply.planned")
-        decoded = materialize_batch(self.spark, self.ledger, table, self.kafka, batch, self.refresh(table))
+        decoded = materialize_batch(
+            self.spark, self.ledger, table, self.kafka, batch, self.refresh(table), retry=applied.reapplied
+        )
         try:
             applied.changelog = decoded.result
             before = state.recorded
@@ -436,7 +481,8 @@ class StreamApply:
     def positions(self) -> dict[str, tuple[CurrentPosition, int | None]]:
         """Where current stands per table, as this process last applied it, and how many offsets
         it was behind then: what a reporter shows for tables that had nothing to apply."""
-        return {k: (s.position, s.offsets_behind) for k, s in self.states.items() if s.position is not None}
+        states = list(self.states.items())  # one atomic copy: worker threads add tables
+        return {k: (s.position, s.offsets_behind) for k, s in states if s.position is not None}
 
     def _plan(
         self, table: LakeTable, committed: Generation, state: TableState, marks: dict[int, tuple[int, int]]

@@ -99,18 +99,19 @@ def materialize_window(
 
 def materialize_batch(
     spark: SparkSession, ledger: Ledger, table: LakeTable, kafka: KafkaClients, batch: BatchPlan,
-    refresh_schema: SchemaRefresh | None = None,
+    refresh_schema: SchemaRefresh | None = None, retry: bool = False,
 ) -> DecodedBatch:  # fmt: skip
     """A stream apply's micro-batch: the planned offsets decoded and appended to the
-    changelog under the batch's Delta transaction version (a re-run after a crash writes
-    nothing twice), then recorded as a changelog range set. The decoded rows stay cached
-    for the merge into current (the caller releases them): nothing is read back."""
+    changelog with the batch's identity in the commit (``retry``: a batch an interrupted
+    process planned; its append is skipped if it had committed), then recorded as a
+    changelog range set. The decoded rows stay cached for the merge into current (the
+    caller releases them): nothing is read back."""
     started = time.monotonic()
     schema = _registered_schema(ledger, table)
     window = batch.as_window(reused=False)
     decoded = _decode(spark, kafka, table, window, schema, refresh_schema)
     try:
-        decoded.result = _write_window(spark, table, window, decoded, batch.number)
+        decoded.result = _write_window(spark, table, window, decoded, BatchWrite(batch.number, retry))
         crash_point("apply.changelog_written")
         ledger.record_window(table.key, window)
     except BaseException:
@@ -270,10 +271,12 @@ def _register_source(spark: SparkSession) -> None:
 
 
 def _write_window(
-    spark: SparkSession, table: LakeTable, window: WindowPlan, decoded: DecodedBatch, batch: int | None = None
+    spark: SparkSession, table: LakeTable, window: WindowPlan, decoded: DecodedBatch, batch: BatchWrite | None = None
 ) -> WindowResult:
-    """A window replaces its changelog partition; a stream batch (``batch``: its number)
-    appends to its day's partition, idempotently (Delta ``txnAppId``/``txnVersion``)."""
+    """A window replaces its changelog partition; a stream batch appends to its day's
+    partition, its identity in the commit (``userMetadata``): a re-applied batch whose
+    append had committed is not appended again (and the re-applied append also carries
+    Delta's ``txnAppId``/``txnVersion``, which Delta itself refuses to commit twice)."""
     from pyspark.sql import functions as F
 
     frame = decoded.frame
@@ -290,8 +293,10 @@ def _write_window(
     # mergeSchema: a column the source added (compatible change) joins the images
     writer = good.write.format("delta").option("mergeSchema", "true")
     _write_mode(writer, window, batch, table).options(**table_options(good.schema, partition_by=("window_start",)))
-    writer.partitionBy("window_start").save(table.changelog_path)
-    if dead_count or batch is None:  # a window's re-run must also replace its dead letters
+    if not _done_before(spark, table, table.changelog_path, batch):
+        writer.partitionBy("window_start").save(table.changelog_path)
+    if (dead_count or batch is None) and not _done_before(spark, table, table.dead_letters_path, batch):
+        # a window's re-run must also replace its dead letters
         dead_writer = dead.select(
             "window_start", "kafka_partition", "kafka_offset", "kafka_timestamp", "error", "raw_key", "raw_value",
             F.lit(table.topic).alias("topic"),
@@ -311,11 +316,53 @@ def _write_window(
     )
 
 
-def _write_mode(writer: Any, window: WindowPlan, batch: int | None, table: LakeTable) -> Any:
+def _done_before(spark: SparkSession, table: LakeTable, path: str, batch: BatchWrite | None) -> bool:
+    return batch is not None and batch.retry and committed_before(spark, path, batch_identity(table, batch.number))
+
+
+def _write_mode(writer: Any, window: WindowPlan, batch: BatchWrite | None, table: LakeTable) -> Any:
     if batch is None:
         assert not is_batch_key(window.key)
         return writer.mode("overwrite").option("replaceWhere", f"window_start = '{window.key}'")
-    return writer.mode("append").option("txnAppId", transaction_app_id(table)).option("txnVersion", str(batch))
+    return writer.mode("append").options(**append_options(table, batch))
+
+
+def append_options(table: LakeTable, batch: BatchWrite) -> dict[str, str]:
+    """A stream batch's Delta append: its identity in the commit, and on a re-apply Delta's
+    idempotent-write options too (Delta checks ``txnVersion`` by rebuilding the log's state:
+    paid on a re-apply only)."""
+    options = {"userMetadata": batch_identity(table, batch.number)}
+    if batch.retry:
+        options |= {"txnAppId": transaction_app_id(table), "txnVersion": str(batch.number)}
+    return options
+
+
+@dataclass(frozen=True)
+class BatchWrite:
+    """A stream batch's append: its number, and whether it is re-applied after an
+    interruption (then the append may already be committed)."""
+
+    number: int
+    retry: bool = False
+
+
+def batch_identity(table: LakeTable, number: int) -> str:
+    """What a stream batch's Delta commit carries (``userMetadata``): the table and batch."""
+    return f"{transaction_app_id(table)}#{number}"
+
+
+RECENT_COMMITS = 20  # only the table's apply appends to it, and it waits for a pending batch
+
+
+def committed_before(spark: SparkSession, path: str, identity: str) -> bool:
+    """Whether a recent commit of the Delta table at ``path`` carries ``identity``: the
+    append of a batch that was cut short after it committed."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return False
+    history = DeltaTable.forPath(spark, path).history(RECENT_COMMITS).select("userMetadata").collect()
+    return any(r["userMetadata"] == identity for r in history)
 
 
 @dataclass(frozen=True)

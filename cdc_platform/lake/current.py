@@ -429,7 +429,8 @@ def _latest_per_key(batch: DataFrame, keys: list[str], columns: list[str]) -> Da
 
 def _not_deleted_later(spark: SparkSession, table: LakeTable, latest: DataFrame, keys: list[str]) -> DataFrame:
     """A duplicate older than a remembered delete must not resurrect the row: any remembered
-    delete of the key at or after the event's position drops it."""
+    delete of the key at or after the event's position drops an insert or update. A delete
+    is never dropped (applying one again is harmless: newer rows keep their position)."""
     from pyspark.sql import functions as F
 
     deletes = spark.read.format("delta").load(table.deletes_path)
@@ -440,7 +441,8 @@ def _not_deleted_later(spark: SparkSession, table: LakeTable, latest: DataFrame,
     joined = cond[0]
     for c in cond[1:]:
         joined = joined & c
-    return latest.alias("l").join(deletes.alias("d"), on=joined & stale, how="left_anti")
+    resurrects = F.col("l.op") != "d"
+    return latest.alias("l").join(deletes.alias("d"), on=joined & stale & resurrects, how="left_anti")
 
 
 def _merge_latest(target: Any, latest: DataFrame, keys: list[str], columns: list[str]) -> dict[str, Any]:

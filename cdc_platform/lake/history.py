@@ -213,6 +213,9 @@ def _unseen_events(history: DataFrame, events: DataFrame, keys: list[str], colum
     open_version = F.max_by(
         F.struct(*[F.col(c) for c in columns]), F.when(F.col("is_current"), F.col("_cdc_commit_lsn"))
     )
+    # only the batch's keys: the cost follows the batch, not the history's length
+    batch_keys = keyed.select(*[F.col(f"__key_{k}").alias(k) for k in keys]).distinct()
+    history = history.join(F.broadcast(batch_keys), on=keys, how="left_semi")
     last = history.groupBy(*[F.col(k).alias(f"__key_{k}") for k in keys]).agg(
         F.max(newest).alias("__last"),
         open_version.alias("__open"),

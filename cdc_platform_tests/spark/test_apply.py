@@ -289,3 +289,33 @@ def test_a_scheduled_run_applies_what_is_available_and_materializes_each_table(e
         assert not refused.success
         failure = next(e for e in refused.all_events if e.is_step_failure)
         assert "already applied by another process" in str(failure.step_failure_data.error)  # type: ignore[union-attr]
+
+
+def test_a_re_applied_batch_finds_its_committed_append_by_the_identity_in_the_commit(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A batch cut short after its changelog append committed is not appended again: the
+    commit carries the batch's identity (``userMetadata``), which the re-apply looks for."""
+    from cdc_platform.lake.changelog import BatchWrite, append_options, committed_before
+
+    path = str(tmp_path / "changelog")
+    config = load_config_text(tmp_path)
+    table = lake_table(config, config.tables[0])
+    for number in (1, 2):
+        frame = spark.createDataFrame([(number,)], "n long")
+        frame.write.format("delta").mode("append").options(**append_options(table, BatchWrite(number))).save(path)
+    assert committed_before(spark, path, f"cdc_platform.apply.{table.key}#2")
+    assert committed_before(spark, path, f"cdc_platform.apply.{table.key}#1")
+    assert not committed_before(spark, path, f"cdc_platform.apply.{table.key}#3")
+    assert not committed_before(spark, str(tmp_path / "absent"), f"cdc_platform.apply.{table.key}#1")
+
+
+def load_config_text(tmp_path: Path) -> Any:
+    from cdc_platform.config import load_config
+
+    path = tmp_path / "cdc_platform.yaml"
+    path.write_text(
+        "sources: {s: {database: d, user: u, password_env: PW, apply: {engine: stream}}}\n"
+        "kafka: {bootstrap_servers: '127.0.0.1:1'}\nlake: {root: lake}\ntables: [{name: s.public.t}]\n"
+    )
+    return load_config(path)
