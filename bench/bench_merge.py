@@ -74,18 +74,22 @@ def bench(spark: object, size: int, root: Path) -> tuple[float, float, float]:
 
     row = "struct<id:bigint,v:bigint,s:string>"
     roll = F.col("roll")  # one draw per change: its op and its key agree (an insert gets a new key)
-    changes = spark.range(CHANGES).select("id", F.rand(7).alias("roll"), F.rand(11).alias("pick")).select(
-        F.lit(0).alias("kafka_partition"),
-        F.col("id").alias("kafka_offset"),
-        F.current_timestamp().alias("kafka_timestamp"),
-        F.when(roll < 0.8, "u").when(roll < 0.9, "d").otherwise("c").alias("op"),
-        F.lit(False).alias("is_tombstone"),
-        (F.lit(2000) + F.col("id")).alias("commit_lsn"),
-        (F.lit(2000) + F.col("id")).alias("lsn"),
-        F.col("id").alias("tx_id"),
-        F.current_timestamp().alias("source_ts"),
-        F.lit(None).cast("string").alias("key_json"),
-        F.when(roll >= 0.9, F.lit(size) + F.col("id")).otherwise((F.col("pick") * size).cast("long")).alias("k"),
+    changes = (
+        spark.range(CHANGES)
+        .select("id", F.rand(7).alias("roll"), F.rand(11).alias("pick"))
+        .select(
+            F.lit(0).alias("kafka_partition"),
+            F.col("id").alias("kafka_offset"),
+            F.current_timestamp().alias("kafka_timestamp"),
+            F.when(roll < 0.8, "u").when(roll < 0.9, "d").otherwise("c").alias("op"),
+            F.lit(False).alias("is_tombstone"),
+            (F.lit(2000) + F.col("id")).alias("commit_lsn"),
+            (F.lit(2000) + F.col("id")).alias("lsn"),
+            F.col("id").alias("tx_id"),
+            F.current_timestamp().alias("source_ts"),
+            F.lit(None).cast("string").alias("key_json"),
+            F.when(roll >= 0.9, F.lit(size) + F.col("id")).otherwise((F.col("pick") * size).cast("long")).alias("k"),
+        )
     )
     image = F.struct(F.col("k").alias("id"), (F.col("k") * 3).alias("v"), F.lit("changed").alias("s"))
     changes = changes.select(

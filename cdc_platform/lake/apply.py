@@ -384,6 +384,7 @@ class StreamApply:
         if not self._current_at(state, state.recorded):
             applied.current = self._catch_up(table, state)
         marks = self._available(table, watermarks)
+        reapplied = state.pending is not None  # planned by an interrupted pass or process
         batch = state.pending or self._plan(table, committed, state, marks)
         if batch is None:
             state.offsets_behind = applied.offsets_behind = behind(
@@ -391,7 +392,7 @@ class StreamApply:
             )
             done = applied.current is not None or applied.sealed is not None
             return self._finish(applied, started) if done else None
-        applied.batch, applied.offsets, applied.reapplied = batch.key, batch.offsets, state.pending is not None
+        applied.batch, applied.offsets, applied.reapplied = batch.key, batch.offsets, reapplied
         crash_point("apply.planned")
         decoded = materialize_batch(
             self.spark, self.ledger, table, self.kafka, batch, self.refresh(table), retry=applied.reapplied

@@ -252,7 +252,7 @@ class Ledger:
         delta = self._table("leases")
         if delta is None:
             return []
-        data = delta.to_pyarrow_table()
+        data = _read(delta, SCHEMAS["leases"])
         rows = data.filter(pc.equal(data["scope"], scope)).to_pylist()
         return [
             LeaseEvent(r["scope"], r["holder"], r["host"], int(r["pid"]), LeaseState(r["state"]), r["at"]) for r in rows
@@ -307,7 +307,7 @@ class Ledger:
         delta = self._table(name)
         if delta is None:
             return []
-        data = delta.to_pyarrow_table()
+        data = _read(delta, SCHEMAS[name])
         if table is not None:
             data = data.filter(pc.equal(data["table"], table))
         rows: list[dict[str, Any]] = data.to_pylist()
@@ -355,6 +355,17 @@ class Ledger:
             delta.vacuum(VACUUM_RETENTION_HOURS, dry_run=False, enforce_retention_duration=False)
         except Exception as exc:  # maintenance is best effort; the next writer tries again
             log.warning("ledger %s: maintenance skipped (%s)", name, exc)
+
+
+def _read(delta: Any, schema: pa.Schema) -> pa.Table:
+    """A ledger table, read by delta-rs' own engine (DataFusion). Not ``to_pyarrow_table``:
+    its pyarrow dataset keeps IO threads on delta-rs' filesystem handler, and a short
+    process (a CLI command) then aborts at exit one time in two ("terminate called without
+    an active exception", delta-io/delta-rs#2184)."""
+    from deltalake import QueryBuilder
+
+    data = pa.table(QueryBuilder().register("t", delta).execute("SELECT * FROM t").read_all())
+    return data.select(schema.names).cast(schema)  # DataFusion hands back string_view columns
 
 
 def _generation_row(event: GenerationEvent) -> dict[str, Any]:

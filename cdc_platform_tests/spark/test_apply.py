@@ -108,6 +108,7 @@ def _stream_a_mixed_workload(env: CaptureEnv, lake: Lake, keys: list[str], engin
     env.run_until_caught_up()
     batches += engine.run_until_caught_up()
     assert {a.table for a in batches if a.batch is not None} == set(keys)
+    assert not any(a.reapplied for a in batches)  # nothing was interrupted: no batch takes the recovery path
     rebuilt = [a for a in batches if a.current is not None and a.current.rebuilt]
     assert {(a.table, a.current.generation) for a in rebuilt if a.current} >= {(keys[0], "g2"), (keys[1], "g1")}
     assert_current_equals_source(lake, keys[:1], at_least=20)
