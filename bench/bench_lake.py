@@ -3,8 +3,11 @@
 * snapshot: rows/s of a generation into Delta (consistent parallel Spark JDBC read) vs
   ``COPY (SELECT …) TO STDOUT`` of the same table read to nowhere (the floor);
 * changelog: events/s of one window decoded into Delta vs a plain confluent-kafka
-  consume of the same offsets (the floor), and the same offsets read (not decoded) by
-  Spark's own Kafka source in the JVM.
+  consume of the same offsets (the floor): decoded in the JVM (``apply.decoder: jvm``,
+  Spark's Kafka source and Spark SQL) and in Python workers (``python``); and the same
+  offsets read (not decoded) by Spark's own Kafka source;
+* stream apply: events/s of the same changes applied by ``cdc-platform apply``'s engine
+  (changelog append and merge into current, ``AvailableNow``) vs the same floor.
 
 The table (``bench_lake_rows``: bigint key, numeric, text, timestamptz, jsonb) lives in
 the dev stack's shop database; its changes come from the platform's own capture.
@@ -19,13 +22,14 @@ import json
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 from confluent_kafka import TopicPartition
 
 from cdc_platform.config import PlatformConfig, load_config
-from cdc_platform.config.model import TableConfig
+from cdc_platform.config.model import ApplyConfig, ApplyEngine, TableConfig
 from cdc_platform.devtools.demo.setup import setup_demo
 from cdc_platform.devtools.demo.workload import app_connect
 from cdc_platform.devtools.lake import Lake
@@ -34,7 +38,9 @@ from cdc_platform.devtools.stack.postgres import LocalPostgres
 from cdc_platform.devtools.stack.profiles import REPO_ROOT
 from cdc_platform.devtools.stack.stack import load_stack_env
 from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.lake.apply import StreamApply
 from cdc_platform.lake.session import get_spark_session
+from cdc_platform.lake.tables import lake_table
 from cdc_platform.model.windows import WindowRange
 from cdc_platform.sources import CaptureSettings, open_source
 from cdc_platform.sources.postgres.slot import drop_slot
@@ -139,22 +145,47 @@ def jvm_read(spark: object, config: PlatformConfig, table: TableConfig, ranges: 
     return int(row["n"]), time.perf_counter() - started
 
 
+def with_decoder(config: PlatformConfig, decoder: str, lake_root: str | None = None) -> PlatformConfig:
+    """The same tables, another ``apply.decoder`` (and lake root)."""
+    shop = config.sources["shop"]
+    shop = shop.model_copy(update={"apply": shop.apply.model_copy(update={"decoder": decoder})})
+    lake = config.lake.model_copy(update={"root": lake_root}) if lake_root else config.lake
+    return config.model_copy(update={"sources": {"shop": shop}, "lake": lake})
+
+
+def stream_apply(lake: Lake, config: PlatformConfig) -> tuple[int, float]:
+    """Everything available applied by the stream engine (changelog + current)."""
+    tables = [lake_table(config, t) for t in config.tables]
+    settings = ApplyConfig(engine=ApplyEngine.STREAM)
+    started = time.perf_counter()
+    with StreamApply(lake.spark, lake.ledger, lake.kafka, tables, settings) as engine:
+        applied = engine.run_until_caught_up()
+    events = sum(a.changelog.rows for a in applied if a.changelog is not None)
+    return events, time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--changes", type=int, default=200_000)
     args = parser.parse_args()
     tag = uuid.uuid4().hex[:6]
-    config = prepare(args.rows, tag)
+    config = with_decoder(prepare(args.rows, tag), "jvm")
     table = config.tables[0]
     lake = Lake(config, get_spark_session(config.spark.model_copy(update={"master": "local[*]"})))
+    python_lake = Lake(with_decoder(config, "python"), lake.spark)
+    streamed = with_decoder(config, "jvm", tempfile.mkdtemp(prefix="bench_stream_"))
+    stream_lake = Lake(streamed, lake.spark)
     settings = CaptureSettings(until_caught_up=True, status_interval_s=3600)
+    m: dict[str, float] = {}
     try:
         lake.snapshot(table.key, "warmup")  # JVM, JDBC and Delta paths warm
-        copy_bytes, copy_s = copy_floor(config)
+        m["copy_bytes"], m["copy_s"] = copy_floor(config)
         started = time.perf_counter()
         result = lake.snapshot(table.key, "g1")
-        snapshot_s = time.perf_counter() - started
+        m["snapshot_s"], m["snapshot_rows"] = time.perf_counter() - started, result.rows
+        m["partitions"] = result.spark_partitions
+        stream_lake.snapshot(table.key, "g1")  # the stream apply's own lake, from before the changes
 
         open_source(config, "shop").capture(settings).run()  # slot and topic exist before the changes
         t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
@@ -163,33 +194,56 @@ def main() -> None:
         open_source(config, "shop").capture(settings).run()
         time.sleep(1.1)
         t1 = datetime.now(UTC).replace(microsecond=0)
-        started = time.perf_counter()
+        m["cold_s"] = timed(lambda: lake.window(table.key, t0, t1))  # first workers, first Delta commit
         window = lake.window(table.key, t0, t1)
-        cold_s = time.perf_counter() - started  # first Python workers, first Delta commit
-        started = time.perf_counter()
-        window = lake.window(table.key, t0, t1)  # the same window again (idempotent)
-        changelog_s = time.perf_counter() - started
-        consumed, consume_s = consume_floor(config, table, window.ranges)
+        m["events"] = window.rows
+        m["changelog_s"] = timed(lambda: lake.window(table.key, t0, t1))  # the same window again (idempotent)
+        m["python_s"] = timed(lambda: python_lake.window(table.key, t0, t1))  # decoded in Python workers
+        m["streamed"], m["stream_s"] = stream_apply(stream_lake, streamed)
+        m["consumed"], m["consume_s"] = consume_floor(config, table, window.ranges)
         jvm_read(lake.spark, config, table, window.ranges)  # warm: the Kafka source's first classes and consumers
-        jvm_count, jvm_s = jvm_read(lake.spark, config, table, window.ranges)
+        m["jvm_count"], m["jvm_s"] = jvm_read(lake.spark, config, table, window.ranges)
     finally:
         cleanup(config, tag)
+    report(m)
 
-    print(f"\nsnapshot of {result.rows} rows (same run; floor = COPY TO STDOUT of the same table)")
+
+def timed(action: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def report(m: dict[str, float]) -> None:
+    rows, events = m["snapshot_rows"], m["events"]
+    print(f"\nsnapshot of {rows:.0f} rows (same run; floor = COPY TO STDOUT of the same table)")
     print(
-        f"  COPY {copy_s:6.2f} s ({result.rows / copy_s:9.0f} rows/s, {copy_bytes / 1e6:.0f} MB)   "
-        f"snapshot into Delta {snapshot_s:6.2f} s ({result.rows / snapshot_s:9.0f} rows/s, "
-        f"{result.spark_partitions} partitions)   ratio snapshot/floor = {copy_s / snapshot_s:.3f}"
+        f"  COPY {m['copy_s']:6.2f} s ({rows / m['copy_s']:9.0f} rows/s, {m['copy_bytes'] / 1e6:.0f} MB)   "
+        f"snapshot into Delta {m['snapshot_s']:6.2f} s ({rows / m['snapshot_s']:9.0f} rows/s, "
+        f"{m['partitions']:.0f} partitions)   ratio snapshot/floor = {m['copy_s'] / m['snapshot_s']:.3f}"
     )
-    print(f"changelog window of {window.rows} events (floor = plain confluent-kafka consume of the same offsets)")
+    print(f"changelog window of {events:.0f} events (floor = plain confluent-kafka consume of the same offsets)")
+    floor = m["consumed"] / m["consume_s"]
     print(
-        f"  consume {consume_s:6.2f} s ({consumed / consume_s:9.0f} ev/s)   window into Delta {changelog_s:6.2f} s "
-        f"({window.rows / changelog_s:9.0f} ev/s)   ratio changelog/floor = {consume_s / changelog_s:.3f}"
+        f"  consume {m['consume_s']:6.2f} s ({floor:9.0f} ev/s)   window into Delta, decoded in the JVM "
+        f"{m['changelog_s']:6.2f} s ({events / m['changelog_s']:9.0f} ev/s)   "
+        f"ratio changelog/floor = {events / m['changelog_s'] / floor:.3f}"
     )
-    print(f"  (first run of the window, cold Python workers and table creation: {cold_s:.2f} s)")
     print(
-        f"  Spark's Kafka source, the same offsets read in the JVM without decoding: {jvm_s:6.2f} s "
-        f"({jvm_count / jvm_s:9.0f} ev/s)   ratio jvm-read/floor = {consume_s / jvm_s:.3f}"
+        f"  decoded in Python workers instead {m['python_s']:6.2f} s ({events / m['python_s']:9.0f} ev/s)   "
+        f"ratio python/floor = {events / m['python_s'] / floor:.3f}   jvm/python = "
+        f"{m['python_s'] / m['changelog_s']:.2f}x"
+    )
+    print(f"  (first run of the window, cold workers and table creation: {m['cold_s']:.2f} s)")
+    apply_rate = m["streamed"] / m["stream_s"]
+    print(
+        f"stream apply (changelog append + merge into current) of {m['streamed']:.0f} events {m['stream_s']:6.2f} s "
+        f"({apply_rate:9.0f} ev/s)   ratio apply/floor = {apply_rate / floor:.3f}"
+    )
+    print(
+        f"  Spark's Kafka source, the same offsets read in the JVM without decoding: {m['jvm_s']:6.2f} s "
+        f"({m['jvm_count'] / m['jvm_s']:9.0f} ev/s)   ratio jvm-read/floor = "
+        f"{m['jvm_count'] / m['jvm_s'] / floor:.3f}"
     )
 
 

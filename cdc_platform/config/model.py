@@ -124,6 +124,14 @@ class ApplyConfig(_Strict):
         "Default: the machine's cores, at least 2 (on 2 cores, 2 beat 4: the Spark driver is the limit).",
     )
 
+    decoder: Literal["auto", "jvm", "python"] = Field(
+        default="auto",
+        description="How Kafka records become change rows. jvm: Spark's Kafka source and Spark SQL (records Spark "
+        "SQL cannot decode exactly still go to the Python decoder, one by one); python: every record read and "
+        "decoded in Spark's Python workers (confluent-kafka); auto: jvm when the Kafka client needs no settings "
+        "beyond bootstrap_servers (Spark's Kafka client takes Java properties, not librdkafka's), else python.",
+    )
+
     def tables_at_once(self) -> int:
         return self.parallelism or max(2, os.cpu_count() or 2)
 

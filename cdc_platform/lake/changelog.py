@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from cdc_platform.config.model import ErrorTolerance
+from cdc_platform.config.model import ErrorTolerance, KafkaConfig
 from cdc_platform.kafka.clients import KafkaClients, worker_options
 from cdc_platform.lake.crash_points import crash_point
 from cdc_platform.lake.current import BatchSummary
@@ -26,7 +26,7 @@ from cdc_platform.lake.lake_types import row_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
 from cdc_platform.model.coverage import walk
-from cdc_platform.model.errors import DeadLetterError, NoGenerationError, SchemaIncompatibleError
+from cdc_platform.model.errors import DeadLetterError, FatalError, NoGenerationError, SchemaIncompatibleError
 from cdc_platform.model.tables import TableSchema
 from cdc_platform.model.windows import (
     BatchPlan,
@@ -241,9 +241,14 @@ def read_offsets(
     spark: SparkSession, kafka: KafkaClients, table: LakeTable, spans: list[tuple[int, int, int]],
     schema: TableSchema,
 ) -> DataFrame:  # fmt: skip
-    """The decoded change rows of the table's topic in ``[partition, start, end)`` spans."""
+    """The decoded change rows of the table's topic in ``[partition, start, end)`` spans:
+    read and decoded in the JVM (``lake.jvm_decode``), or in Python workers."""
     from cdc_platform.lake.kafka_source import change_schema
 
+    if decodes_in_jvm(table, kafka.kafka):
+        from cdc_platform.lake.jvm_decode import decode_raw, read_raw
+
+        return decode_raw(read_raw(spark, kafka.kafka.bootstrap_servers, table.topic, spans), schema, table.encoding)
     _register_source(spark)
     options = {
         "topic": table.topic,
@@ -253,6 +258,23 @@ def read_offsets(
         **worker_options(kafka.kafka),
     }
     return spark.read.format("cdc_kafka_range").schema(change_schema(row_type(schema))).options(**options).load()
+
+
+def decodes_in_jvm(table: LakeTable, kafka: KafkaConfig) -> bool:
+    """Whether the table's records are read by Spark's Kafka source and decoded in Spark
+    SQL (``apply.decoder``). Spark's Kafka client is Java's: librdkafka's settings (TLS
+    files, SASL) do not carry over, so ``auto`` takes it only for a plain connection."""
+    if table.decoder == "python":
+        return False
+    portable = not kafka.options and not kafka.secret_options_env
+    if table.decoder == "jvm" and not portable:
+        settings = sorted({*kafka.options, *kafka.secret_options_env})
+        raise FatalError(
+            f"{table.source}: apply.decoder is jvm, but kafka sets {settings}"
+            ", librdkafka settings Spark's Java Kafka client does not take; set apply.decoder: auto (or python) to "
+            "read with confluent-kafka in Spark's Python workers"
+        )
+    return portable
 
 
 _REGISTERING = threading.Lock()

@@ -218,3 +218,39 @@ def _row(
         change.source_ts, key_json, image(change.before), image(change.after), change.unavailable,
         change.unknown or None, None, None, None,
     )  # fmt: skip
+
+
+def decode_raw_batches(
+    batches: Iterator[Any], schema_json: str, encoding_option: str, out_schema_json: str
+) -> Iterator[Any]:
+    """Raw Kafka records (Arrow batches of Spark's Kafka source columns) decoded by the
+    Python decoder: the records ``lake.jvm_decode`` leaves to Python (``mapInArrow``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = TableSchema.from_json(schema_json)
+    columns = [LakeColumnSpec(c.name, c.pgtype, c.typmod, c.dims) for c in schema.columns]
+    encoding = ValueEncoding.from_option(encoding_option)
+    arrow_schema = to_arrow_schema(StructType.fromJson(json.loads(out_schema_json)), timezone="UTC")
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        millis = pc.divide(pc.cast(batch.column("timestamp"), pa.int64()), 1000).to_pylist()
+        records = [
+            (
+                _row(part, offset, (int(kind is not None and kind >= 0), ms or 0), key, value, columns, encoding),
+                key,
+                value,
+            )
+            for part, offset, ms, kind, key, value in zip(
+                batch.column("partition").to_pylist(),
+                batch.column("offset").to_pylist(),
+                millis,
+                batch.column("timestampType").to_pylist(),
+                batch.column("key").to_pylist(),
+                batch.column("value").to_pylist(),
+                strict=True,
+            )
+        ]
+        yield arrow_batch(pa, arrow_schema, records)

@@ -31,6 +31,7 @@ class LakeTable:
     topic: str
     encoding: ValueEncoding  # how the topic's producer writes values (Debezium's representation settings)
     deletion_vectors: bool = True  # current's MERGEs mark rows instead of rewriting files (lake.deletion_vectors)
+    decoder: str = "auto"  # the source's apply.decoder: jvm, python or auto
 
     @property
     def root(self) -> str:
@@ -70,8 +71,11 @@ class LakeTable:
 
 
 def lake_table(config: PlatformConfig, table: TableConfig) -> LakeTable:
-    encoding = config.sources[table.source].value_encoding()
-    return LakeTable(table, config.lake.root, config.topic_for(table), encoding, config.lake.deletion_vectors)
+    source = config.sources[table.source]
+    return LakeTable(
+        table, config.lake.root, config.topic_for(table), source.value_encoding(), config.lake.deletion_vectors,
+        source.apply.decoder,
+    )  # fmt: skip
 
 
 def lake_tables(config: PlatformConfig) -> list[LakeTable]:

@@ -67,3 +67,39 @@ def test_an_offset_range_reads_the_same_in_the_jvm_as_with_confluent_kafka(stack
     assert len(rows) == len(in_jvm) == sum(e - s for s, e in ranges.values())
     assert in_jvm == _consume(stack.kafka_bootstrap, topic, ranges)
     assert any(value is None for _, _, _, value, _ in in_jvm)  # tombstones arrive as NULL values
+
+
+def test_a_topics_change_events_decode_the_same_through_spark_sql_as_through_python_workers(
+    stack: StackProfile, spark: Any
+) -> None:
+    """The changelog's reader end to end on a real topic: Spark's Kafka source and Spark SQL
+    (``apply.decoder: jvm``) give exactly the rows the Python data source gives, for the
+    platform's, Debezium's and malformed envelopes spread over three partitions."""
+    from cdc_platform.config.model import KafkaConfig, TableConfig
+    from cdc_platform.envelope.encoding import ValueEncoding
+    from cdc_platform.kafka.clients import KafkaClients
+    from cdc_platform.lake.changelog import read_offsets
+    from cdc_platform.lake.tables import LakeTable
+    from cdc_platform_tests.spark.test_jvm_decode import SCHEMA, _debezium_records, _platform_records
+
+    topic = f"decode-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+    for future in admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)]).values():
+        future.result(30)
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "enable.idempotence": True})
+    records = _platform_records() + _debezium_records()[0]
+    for i, (key, value) in enumerate(records):
+        producer.produce(topic, key=key, value=value, partition=i % 3)
+    assert producer.flush(30) == 0
+    kafka = KafkaClients(KafkaConfig(bootstrap_servers=stack.kafka_bootstrap))
+    ends = kafka.end_offsets(topic)
+    spans = [(p, 0, end) for p, end in ends.items()]
+
+    def decoded(decoder: str) -> Any:
+        table = LakeTable(TableConfig(name="shop.public.things"), "/unused", topic, ValueEncoding(), decoder=decoder)
+        return read_offsets(spark, kafka, table, spans, SCHEMA)
+
+    in_jvm, in_python = decoded("jvm"), decoded("python")
+    assert in_jvm.count() == in_python.count() == len(records)
+    assert in_jvm.exceptAll(in_python).count() == in_python.exceptAll(in_jvm).count() == 0
+    assert in_python.where("error IS NULL AND op = 'c'").count() >= 10

@@ -111,6 +111,25 @@ def test_the_apply_engine_is_chosen_per_source(tmp_path: Path) -> None:
         load_config(_config(tmp_path, "    apply: {engine: spark}"))
 
 
+def test_records_are_decoded_in_the_jvm_unless_the_kafka_client_needs_librdkafka_settings(tmp_path: Path) -> None:
+    from cdc_platform.lake.changelog import decodes_in_jvm
+    from cdc_platform.lake.tables import lake_table
+
+    def decoder(apply: str, kafka_options: str = "") -> bool:
+        text = _config(tmp_path, apply).read_text()
+        if kafka_options:
+            text = text.replace('kafka: {bootstrap_servers: "127.0.0.1:9092"}', kafka_options)
+        (tmp_path / "cdc_platform.yaml").write_text(text)
+        config = load_config(tmp_path / "cdc_platform.yaml")
+        return decodes_in_jvm(lake_table(config, config.tables[0]), config.kafka)
+
+    tls = 'kafka: {bootstrap_servers: "127.0.0.1:9092", options: {security.protocol: ssl}}'
+    assert decoder("") and decoder("    apply: {decoder: jvm}")
+    assert not decoder("", tls) and not decoder("    apply: {decoder: python}")
+    with pytest.raises(FatalError, match=r"shop: apply.decoder is jvm, but kafka sets \['security.protocol'\].*auto"):
+        decoder("    apply: {decoder: jvm}", tls)
+
+
 def test_a_crash_point_ends_the_process_only_where_it_is_named() -> None:
     code = (
         "from cdc_platform.lake.crash_points import crash_point as c; "
