@@ -63,6 +63,9 @@ class ColumnDecoding:
     value: Column
     needs_python: Column
     unavailable: Column
+    # also Python's when the value came out null from a non-null raw value (checked on the
+    # value's column in a later stage: repeating the conversion here doubled its cost)
+    python_if_null: bool = False
 
 
 def kafka_source_options(bootstrap_servers: str, topic: str, spans: list[tuple[int, int, int]]) -> dict[str, str]:
@@ -103,64 +106,60 @@ def read_raw(spark: SparkSession, bootstrap_servers: str, topic: str, spans: lis
 
 def decode_raw(raw: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> DataFrame:
     """Change rows (``kafka_source.change_schema``) of raw Kafka records: decoded in Spark
-    SQL where that is exact, by the Python decoder otherwise."""
+    SQL where that is exact, by the Python decoder otherwise. One pass: every row goes
+    through one Arrow hop (``mapInArrow``), where Spark SQL's rows pass untouched and the
+    others are decoded; two filtered branches would evaluate the Spark SQL twice."""
     from pyspark.sql import functions as F
 
     from cdc_platform.lake.kafka_source import change_schema
 
     out_schema = change_schema(row_type(schema))
-    jvm = _jvm_rows(raw, schema, encoding)
-    in_jvm = jvm.where(F.col("__jvm")).select(*out_schema.names)
-    by_python = (
-        jvm.where(~F.col("__jvm"))
-        .select(*RAW_COLUMNS)
-        .mapInArrow(_python_decoder(schema.to_json(), encoding.to_option(), out_schema.json()), out_schema)
+    jvm = F.col("__jvm")
+    rows = _jvm_rows(raw, schema, encoding).select(
+        *out_schema.names,
+        jvm,
+        *[F.col(c) for c in RAW_COLUMNS if c not in ("key", "value")],
+        *[F.when(~jvm, F.col(c)).alias(c) for c in ("key", "value")],  # raw bytes only where Python decodes
     )
-    return in_jvm.unionByName(by_python)
+    return rows.mapInArrow(_python_decoder(schema.to_json(), encoding.to_option(), out_schema.json()), out_schema)
 
 
 def _python_decoder(schema_json: str, encoding_option: str, out_schema_json: str) -> Any:
-    """The Python decoder over Arrow batches of raw records (runs in Spark's Python workers)."""
+    """Runs in Spark's Python workers: rows Spark SQL decoded pass through, the others
+    (``__jvm`` false) are decoded from their raw columns by the Python decoder."""
 
     def decode(batches: Iterator[Any]) -> Iterator[Any]:
-        from cdc_platform.lake.kafka_source import decode_raw_batches
+        from cdc_platform.lake.kafka_source import decode_mixed_batches
 
-        yield from decode_raw_batches(batches, schema_json, encoding_option, out_schema_json)
+        yield from decode_mixed_batches(batches, schema_json, encoding_option, out_schema_json)
 
     return decode
 
 
 def _jvm_rows(raw: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> DataFrame:
     """Every record decoded in Spark SQL, with ``__jvm``: whether that decoding is exact
-    (else the record is the Python decoder's) and the raw columns."""
+    (else the record is the Python decoder's) and the raw columns. In stages: each
+    expensive expression (a parse, a pattern, a conversion) is one column of a stage and
+    later stages refer to it by name, so Spark evaluates it once per record, not once per
+    reference (one flat projection parsed each envelope ten times and ran 110 patterns)."""
     from pyspark.sql import functions as F
 
-    value = F.col("value").cast("string")
-    envelope = F.from_json(value, _envelope_wire(schema), JSON_OPTIONS)
-    parts = ("op", "source", "before", "after")
-    env, top = F.col("__env"), F.col("__top")
-    frame = raw.select(
-        *RAW_COLUMNS, value.alias("__text"), envelope.alias("__env"), F.json_object_keys(value).alias("__top")
-    ).select(
-        "*",
-        F.when(wrapped_in(top), F.lit("$.payload.")).otherwise(F.lit("$.")).alias("__path"),
-        F.when(wrapped_in(top), F.struct(*[env["payload"][p].alias(p) for p in parts]))
-        .otherwise(F.struct(*[env[p].alias(p) for p in parts]))
-        .alias("__p"),
-    )
-    payload = F.col("__p")
+    parsed = _parsed(raw, schema)
+    converted = parsed.select("*", *_conversions(schema, encoding))
+    assembled = converted.select("*", *_assembled(schema, encoding))
+    payload, key = F.col("__p"), F.col("key")
     is_tombstone, is_t = F.col("value").isNull(), payload["op"] == "t"
-    lsn, tx_id = _digits(payload["source"]["lsn"]), _digits(payload["source"]["txId"])
-    commit_lsn, commit_ok = _commit_lsn(payload["source"]["sequence"], lsn)
-    images = {part: _image(payload[part], schema, encoding) for part in ("before", "after")}
-    key, unknown = _key(schema), _unknown_columns(schema)
-    checks = [lsn.ok, tx_id.ok, commit_ok, unknown.ok]
-    checks += [~(payload[part].isNotNull() & ~is_t) | ok for part, (_, ok) in images.items()]
-    ok = F.when(is_tombstone, key.ok & F.col("key").isNotNull()).otherwise(
-        F.coalesce(_envelope_ok(payload, value, schema, checks), F.lit(False)) & key.ok
+    checks = ["__lsn_ok", "__tx_ok", "__commit_ok", "__unknown_ok", "__guard"]
+    checks_ok = F.lit(True)
+    for check in checks:
+        checks_ok = checks_ok & F.col(check)
+    for part in ("before", "after"):
+        checks_ok = checks_ok & (~(payload[part].isNotNull() & ~is_t) | F.col(f"__{part}_ok"))
+    ok = F.when(is_tombstone, F.col("__key_ok") & key.isNotNull()).otherwise(
+        F.coalesce(_envelope_ok(payload) & checks_ok, F.lit(False)) & F.col("__key_ok")
     )
     not_t = F.when(is_tombstone | is_t, F.lit(None))
-    return frame.select(
+    return assembled.select(
         *RAW_COLUMNS,
         F.coalesce(ok, F.lit(False)).alias("__jvm"),
         F.col("partition").alias("kafka_partition"),
@@ -168,44 +167,143 @@ def _jvm_rows(raw: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> D
         F.when(F.col("timestampType") >= 0, F.col("timestamp")).alias("kafka_timestamp"),
         F.when(~is_tombstone, payload["op"]).alias("op"),
         is_tombstone.alias("is_tombstone"),
-        F.when(~is_tombstone, commit_lsn).alias("commit_lsn"),
-        F.when(~is_tombstone, lsn.value).alias("lsn"),
-        F.when(~is_tombstone, tx_id.value).alias("tx_id"),
+        F.when(~is_tombstone, F.col("__commit")).alias("commit_lsn"),
+        F.when(~is_tombstone, F.col("__lsn")).alias("lsn"),
+        F.when(~is_tombstone, F.col("__tx")).alias("tx_id"),
         F.when(~is_tombstone, F.timestamp_millis(payload["source"]["ts_ms"])).alias("source_ts"),
-        key.value.alias("key_json"),
-        not_t.otherwise(images["before"][0]).alias("before"),
-        not_t.otherwise(images["after"][0]).alias("after"),
+        F.col("__key_json").alias("key_json"),
+        not_t.otherwise(F.col("__before")).alias("before"),
+        not_t.otherwise(F.col("__after")).alias("after"),
         F.when(is_tombstone | is_t | payload["after"].isNull(), F.array().cast("array<string>"))
-        .otherwise(_unavailable(payload["after"], schema, encoding))
+        .otherwise(F.col("__unavailable"))
         .alias("unavailable"),
-        not_t.otherwise(unknown.value).alias("unknown_columns"),
+        not_t.otherwise(F.col("__unknown")).alias("unknown_columns"),
         F.lit(None).cast("string").alias("error"),
         F.lit(None).cast("binary").alias("raw_key"),
         F.lit(None).cast("binary").alias("raw_value"),
     )
 
 
-def _envelope_ok(payload: Column, value: Column, schema: TableSchema, checks: list[Column]) -> Column:
-    """Whether a (non-tombstone) record is a change event Spark SQL decodes exactly as
-    ``changes.decode_record`` does; ``checks``: its fields' own."""
+def _parsed(raw: DataFrame, schema: TableSchema) -> DataFrame:
+    """Stage 1: the value parsed once (``__env``), its top-level fields (``__top``), and the
+    payload (``__p``: the envelope itself, or Connect's ``payload``)."""
+    from pyspark.sql import functions as F
+
+    value = F.col("value").cast("string")
+    envelope = F.from_json(value, _envelope_wire(schema), JSON_OPTIONS)
+    parts = ("op", "source", "before", "after")
+    env, top = F.col("__env"), F.col("__top")
+    key_text = F.col("key").cast("string")
+    return raw.select(
+        *RAW_COLUMNS,
+        value.alias("__text"),
+        envelope.alias("__env"),
+        F.json_object_keys(value).alias("__top"),
+        F.json_object_keys(key_text).alias("__key_top"),
+    ).select(
+        "*",
+        F.when(wrapped_in(F.col("__key_top")), F.get_json_object(key_text, "$.payload"))
+        .otherwise(key_text)
+        .alias("__key_payload"),
+        F.when(wrapped_in(top), F.lit("$.payload.")).otherwise(F.lit("$.")).alias("__path"),
+        F.when(wrapped_in(top), F.struct(*[env["payload"][p].alias(p) for p in parts]))
+        .otherwise(F.struct(*[env[p].alias(p) for p in parts]))
+        .alias("__p"),
+    )
+
+
+def _conversions(schema: TableSchema, encoding: ValueEncoding) -> list[Column]:
+    """Stage 2: each column of each image converted, the key, positions, field lists, the text guard."""
+    from pyspark.sql import functions as F
+
+    payload = F.col("__p")
+    columns: list[Column] = []
+    for part in ("before", "after"):
+        for i, column in enumerate(schema.columns):
+            decoding = _column(payload[part][column.name], column, encoding)
+            columns += [
+                decoding.value.alias(f"__{part}{i}"),
+                F.coalesce(decoding.needs_python, F.lit(False)).alias(f"__{part}{i}_py"),
+                decoding.unavailable.alias(f"__{part}{i}_u"),
+            ]
+        columns.append(_image_keys(part).alias(f"__{part}_keys"))
+    lsn, tx_id = _digits(payload["source"]["lsn"]), _digits(payload["source"]["txId"])
+    sequence = F.from_json(
+        payload["source"]["sequence"], "array<string>", {k: v for k, v in JSON_OPTIONS.items() if k.startswith("allow")}
+    )
+    return [
+        *columns,
+        F.from_json(F.col("__key_payload"), _key_wire(schema), JSON_OPTIONS).alias("__key_parsed"),
+        F.json_object_keys(F.col("__key_payload")).alias("__key_fields"),
+        lsn.value.alias("__lsn"),
+        lsn.ok.alias("__lsn_ok"),
+        tx_id.value.alias("__tx"),
+        tx_id.ok.alias("__tx_ok"),
+        sequence.alias("__sequence"),
+        _no_string_token_where_text_is_expected(F.col("__text"), schema).alias("__guard"),
+    ]
+
+
+def _needs_python(part: str, i: int, column: LakeColumn, encoding: ValueEncoding) -> Column:
+    from pyspark.sql import functions as F
+
+    flagged = F.col(f"__{part}{i}_py")
+    if not _column(F.col("__p")[part][column.name], column, encoding).python_if_null:
+        return flagged
+    raw, value, toasted = F.col("__p")[part][column.name], F.col(f"__{part}{i}"), F.col(f"__{part}{i}_u")
+    return flagged | F.coalesce(raw.isNotNull() & ~toasted & value.isNull(), F.lit(False))
+
+
+def _assembled(schema: TableSchema, encoding: ValueEncoding) -> list[Column]:
+    """Stage 3: the images as the lake's row structs, what Python must decode, TOAST
+    columns, unknown fields, the commit position."""
+    from pyspark.sql import functions as F
+
+    payload = F.col("__p")
+    columns: list[Column] = []
+    for part in ("before", "after"):
+        values = [
+            F.when(F.col(f"__{part}{i}_u"), F.lit(None)).otherwise(F.col(f"__{part}{i}")).alias(c.name)
+            for i, c in enumerate(schema.columns)
+        ]
+        python = [_needs_python(part, i, column, encoding) for i, column in enumerate(schema.columns)]
+        columns += [
+            F.when(payload[part].isNotNull(), F.struct(*values).cast(row_type(schema))).alias(f"__{part}"),
+            (~F.greatest(F.lit(False), *python) if python else F.lit(True)).alias(f"__{part}_ok"),
+        ]
+    toasted = [F.when(F.col(f"__after{i}_u"), F.lit(c.name)) for i, c in enumerate(schema.columns)]
+    unavailable = F.filter(F.array(*toasted), lambda n: n.isNotNull()) if toasted else F.array().cast("array<string>")
+    unknown, key = _unknown_columns(schema), _key(schema)
+    commit, commit_ok = _commit_lsn(payload["source"]["sequence"], F.col("__sequence"), F.col("__lsn"))
+    return [
+        *columns,
+        unavailable.alias("__unavailable"),
+        key.value.alias("__key_json"),
+        key.ok.alias("__key_ok"),
+        unknown.value.alias("__unknown"),
+        unknown.ok.alias("__unknown_ok"),
+        commit.alias("__commit"),
+        commit_ok.alias("__commit_ok"),
+    ]
+
+
+def _envelope_ok(payload: Column) -> Column:
+    """Whether a (non-tombstone) record is a change event whose envelope Spark SQL reads
+    exactly as ``changes.decode_record`` does (its fields are checked in their stages)."""
     from pyspark.sql import functions as F
 
     op = payload["op"]
-    ok = (
+    return (
         F.col("__env").isNotNull()
         & F.col(f"__env.{CORRUPT}").isNull()
         & F.expr("is_valid_utf8(value)")
         & (F.size("__top") == F.size(F.array_distinct("__top")))
-        & ~value.contains("cdc_unconvertible")
+        & ~F.col("__text").contains("cdc_unconvertible")
         & op.isin("r", "c", "u", "d", "t")
-        & _no_string_token_where_text_is_expected(value, schema)
         & payload["source"].isNotNull()
         & (~op.isin("c", "u", "r") | payload["after"].isNotNull())
         & ((op != "d") | payload["before"].isNotNull() | F.col("key").isNotNull())
     )
-    for check in checks:
-        ok = ok & check
-    return ok
 
 
 def wrapped_in(top_keys: Column) -> Column:
@@ -260,27 +358,6 @@ def _wire_type(column: LakeColumn) -> DataType:
     if kind == "bool":
         return T.BooleanType()
     return T.StringType()
-
-
-def _image(image: Column, schema: TableSchema, encoding: ValueEncoding) -> tuple[Column, Column]:
-    """(the image as the lake's row struct, whether every column decoded in the JVM)."""
-    from pyspark.sql import functions as F
-
-    values, ok = [], F.lit(True)
-    for column in schema.columns:
-        decoding = _column(image[column.name], column, encoding)
-        values.append(F.when(decoding.unavailable, F.lit(None)).otherwise(decoding.value).alias(column.name))
-        ok = ok & ~F.coalesce(decoding.needs_python, F.lit(False))
-    return F.when(image.isNotNull(), F.struct(*values).cast(row_type(schema))), ok
-
-
-def _unavailable(image: Column, schema: TableSchema, encoding: ValueEncoding) -> Column:
-    from pyspark.sql import functions as F
-
-    names = [F.when(_column(image[c.name], c, encoding).unavailable, F.lit(c.name)) for c in schema.columns]
-    if not names:
-        return F.array().cast("array<string>")
-    return F.filter(F.array(*names), lambda n: n.isNotNull())
 
 
 def _column(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
@@ -387,7 +464,7 @@ def _instant(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> Column
         .when(raw == "-infinity", F.timestamp_micros(F.lit(INT64_MIN)))
         .when(raw.rlike(_UTC_INSTANT), parsed)
     )
-    return ColumnDecoding(value, raw.isNotNull() & ~placeholder & value.isNull(), placeholder)
+    return ColumnDecoding(value, F.lit(False), placeholder, python_if_null=True)
 
 
 def _decimal(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
@@ -401,34 +478,33 @@ def _decimal(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> Column
     precision, digits = scale
     target = f"decimal({precision},{digits})"
     if encoding.decimal == "precise":
-        text = _unscaled_text(raw, digits)
+        value = _precise_decimal(raw, digits, target)
     else:  # decimal text: exact when it has no more decimals than the column
         fraction = F.coalesce(F.length(F.regexp_extract(raw, r"\.([0-9]+)$", 1)), F.lit(0))
-        text = F.when(raw.rlike(_DECIMAL_TEXT) & (fraction <= digits), raw)
-    value = text.try_cast(target)
-    return ColumnDecoding(value, raw.isNotNull() & ~placeholder & value.isNull(), placeholder)
+        value = F.when(raw.rlike(_DECIMAL_TEXT) & (fraction <= digits), raw).try_cast(target)
+    return ColumnDecoding(value, F.lit(False), placeholder, python_if_null=True)
 
 
-def _unscaled_text(raw: Column, scale: int) -> Column:
+def _precise_decimal(raw: Column, scale: int, target: str) -> Column:
     """Debezium's precise decimal (base64 of the big-endian two's-complement unscaled
-    value) as decimal text with ``scale`` decimals; null when it is longer than 7 bytes."""
+    value) as ``target``; null when it is not canonical base64 of 1 to 7 bytes (the
+    Python decoder's) or does not fit."""
+    from decimal import Decimal
+
     from pyspark.sql import functions as F
 
-    data = F.when(raw.rlike(_BASE64), F.try_to_binary(raw, F.lit("base64")))
+    data = F.try_to_binary(raw, F.lit("base64"))
     size = F.length(data)
-    unsigned = F.conv(F.hex(data), 16, 10).try_cast("bigint")
-    negative = F.conv(F.substring(F.hex(data), 1, 2), 16, 10).try_cast("int") >= 128
-    two_to_bits = F.pow(F.lit(2), F.least(size, F.lit(MAX_JVM_DECIMAL_BYTES)) * 8).try_cast(
-        "bigint"
-    )  # exact: a power of two below 2^63
+    digits = F.hex(data)
+    unsigned = F.conv(digits, 16, 10).try_cast("bigint")
+    negative = F.substring(digits, 1, 1) >= F.lit("8")  # the sign bit of the first byte
+    two_to_bits = F.pow(F.lit(2), F.least(size, F.lit(MAX_JVM_DECIMAL_BYTES)) * 8).try_cast("bigint")  # exact
     unscaled = unsigned - F.when(negative, two_to_bits).otherwise(F.lit(0))
-    plain = F.abs(unscaled).try_cast("string")
-    digits = F.lpad(plain, F.greatest(F.length(plain), F.lit(scale + 1)), "0")  # lpad also cuts: never shorter
-    whole = F.substring(digits, F.lit(1), F.length(digits) - scale) if scale else digits
-    text = F.concat(F.when(unscaled < 0, F.lit("-")).otherwise(F.lit("")), whole)
-    if scale:
-        text = F.concat(text, F.lit("."), F.substring(digits, -scale, scale))
-    return F.when(raw.rlike(_BASE64) & size.between(1, MAX_JVM_DECIMAL_BYTES), text)
+    # an integer times 10^-scale: Spark's decimal product keeps every digit (decimal(18,0) x decimal(s,s))
+    value = (unscaled.try_cast("decimal(18,0)") * F.lit(Decimal(1).scaleb(-scale))).try_cast(target)
+    # round trip: strict (as Python's validate=True) and canonical; at most 12 characters, never chunked
+    canonical = F.base64(data) == raw
+    return F.when(size.between(1, MAX_JVM_DECIMAL_BYTES) & canonical, value)
 
 
 def _digits(raw: Column) -> Checked:
@@ -441,14 +517,14 @@ def _digits(raw: Column) -> Checked:
     return Checked(value, F.coalesce(~digits | value.isNotNull(), F.lit(True)))
 
 
-def _commit_lsn(sequence: Column, lsn: Checked) -> tuple[Column, Column]:
-    """The commit position: the first of ``source.sequence`` (a JSON text ``["<lsn>", …]``), else the LSN."""
+def _commit_lsn(sequence: Column, listed: Column, lsn: Column) -> tuple[Column, Column]:
+    """The commit position: the first of ``source.sequence`` (a JSON text ``["<lsn>", …]``,
+    ``listed`` parsed), else the LSN."""
     from pyspark.sql import functions as F
 
-    listed = F.from_json(sequence, "array<string>", {k: v for k, v in JSON_OPTIONS.items() if k.startswith("allow")})
     first = F.try_element_at(listed, F.lit(1))
     number = first.try_cast("bigint")
-    value = F.when(sequence.isNull() | first.isNull(), lsn.value).otherwise(number)
+    value = F.when(sequence.isNull() | first.isNull(), lsn).otherwise(number)
     ok = sequence.isNull() | (listed.isNotNull() & (F.size(listed) >= 1) & (first.isNull() | number.isNotNull()))
     return value, F.coalesce(ok, F.lit(False))
 
@@ -467,37 +543,49 @@ def _unknown_columns(schema: TableSchema) -> Checked:
     from pyspark.sql import functions as F
 
     known = F.array(*[F.lit(n) for n in schema.names]) if schema.names else F.array().cast("array<string>")
-    before, after = _image_keys("before"), _image_keys("after")
+    before, after = F.col("__before_keys"), F.col("__after_keys")
     extra = F.array_sort(F.array_distinct(F.array_except(F.concat(before, after), known)))
     unique = (F.size(before) == F.size(F.array_distinct(before))) & (F.size(after) == F.size(F.array_distinct(after)))
     return Checked(F.when(F.size(extra) > 0, extra), unique)
 
 
-def _key(schema: TableSchema) -> Checked:
-    """``key_json`` as the Python decoder writes it (``json.dumps``, compact), for plain
-    keys: exactly the key columns in order, integers or ASCII strings without escapes."""
-    from pyspark.sql import functions as F
+def _plain_key_columns(schema: TableSchema) -> list[LakeColumn] | None:
+    """The key columns when every one is an integer or text kind (a key Spark writes as
+    Python does), else None."""
+    plain = {"int16", "int32", "int64", "text", "uuid", "enum"}
+    columns = [schema.column(name) for name in schema.key]
+    if not columns or any(c is None or c.pgtype.kind not in plain for c in columns):
+        return None
+    return [c for c in columns if c is not None]
+
+
+def _key_wire(schema: TableSchema) -> Any:
     from pyspark.sql import types as T
 
+    columns = _plain_key_columns(schema) or []
+    return T.StructType(
+        [T.StructField(c.name, _wire_type(c)) for c in columns] + [T.StructField(CORRUPT, T.StringType())]
+    )
+
+
+def _key(schema: TableSchema) -> Checked:
+    """``key_json`` as the Python decoder writes it (``json.dumps``, compact), for plain
+    keys: exactly the key columns in order, integers or ASCII strings without escapes.
+    From stage 2's ``__key_parsed`` and ``__key_fields``."""
+    from pyspark.sql import functions as F
+
     key = F.col("key")
-    columns = [schema.column(name) for name in schema.key]
-    plain = {"int16", "int32", "int64", "text", "uuid", "enum"}
-    if not columns or any(c is None or c.pgtype.kind not in plain for c in columns):
+    columns = _plain_key_columns(schema)
+    if columns is None:
         return Checked(F.lit(None).cast("string"), key.isNull())
-    text = key.cast("string")
-    top = F.json_object_keys(text)
-    payload = F.when(wrapped_in(top), F.get_json_object(text, "$.payload")).otherwise(text)
-    wire = T.StructType([T.StructField(c.name, _wire_type(c)) for c in columns if c is not None] + [
-        T.StructField(CORRUPT, T.StringType())
-    ])  # fmt: skip
-    parsed = F.from_json(payload, wire, JSON_OPTIONS)
-    value = F.to_json(F.struct(*[parsed[name].alias(name) for name in schema.key]), {"ignoreNullFields": "false"})
-    texts = [c.name for c in columns if c is not None and _wire_type(c).typeName() == "string"]
+    text, top, parsed = key.cast("string"), F.col("__key_top"), F.col("__key_parsed")
+    value = F.to_json(F.struct(*[parsed[c.name].alias(c.name) for c in columns]), {"ignoreNullFields": "false"})
+    texts = [c.name for c in columns if _wire_type(c).typeName() == "string"]
     ok = (
         F.expr("is_valid_utf8(key)")
         & text.rlike(_PLAIN_KEY_TEXT)
         & (F.size(top) == F.size(F.array_distinct(top)))
-        & (F.json_object_keys(payload) == F.array(*[F.lit(n) for n in schema.key]))
+        & (F.col("__key_fields") == F.array(*[F.lit(c.name) for c in columns]))
         & parsed[CORRUPT].isNull()
         & _no_string_token(text, texts)
     )

@@ -220,11 +220,12 @@ def _row(
     )  # fmt: skip
 
 
-def decode_raw_batches(
+def decode_mixed_batches(
     batches: Iterator[Any], schema_json: str, encoding_option: str, out_schema_json: str
 ) -> Iterator[Any]:
-    """Raw Kafka records (Arrow batches of Spark's Kafka source columns) decoded by the
-    Python decoder: the records ``lake.jvm_decode`` leaves to Python (``mapInArrow``)."""
+    """Arrow batches of change rows where ``__jvm`` is true (decoded by ``lake.jvm_decode``,
+    passed through) and of raw Kafka records where it is false or absent (decoded here by
+    the Python decoder, error rows included)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -236,21 +237,29 @@ def decode_raw_batches(
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        millis = pc.divide(pc.cast(batch.column("timestamp"), pa.int64()), 1000).to_pylist()
-        records = [
-            (
-                _row(part, offset, (int(kind is not None and kind >= 0), ms or 0), key, value, columns, encoding),
-                key,
-                value,
-            )
-            for part, offset, ms, kind, key, value in zip(
-                batch.column("partition").to_pylist(),
-                batch.column("offset").to_pylist(),
-                millis,
-                batch.column("timestampType").to_pylist(),
-                batch.column("key").to_pylist(),
-                batch.column("value").to_pylist(),
-                strict=True,
-            )
-        ]
-        yield arrow_batch(pa, arrow_schema, records)
+        in_jvm = batch.column("__jvm") if "__jvm" in batch.schema.names else pa.nulls(batch.num_rows, pa.bool_())
+        in_jvm = pc.fill_null(in_jvm, False)
+        passed = batch.filter(in_jvm)
+        if passed.num_rows:
+            yield pa.RecordBatch.from_arrays([passed.column(f.name) for f in arrow_schema], schema=arrow_schema)
+        rest = batch.filter(pc.invert(in_jvm))
+        if rest.num_rows:
+            yield _decoded_batch(pa, pc, rest, columns, encoding, arrow_schema)
+
+
+def _decoded_batch(pa: Any, pc: Any, batch: Any, columns: list[LakeColumnSpec], encoding: ValueEncoding,
+                   arrow_schema: Any) -> Any:  # fmt: skip
+    millis = pc.divide(pc.cast(batch.column("timestamp"), pa.int64()), 1000).to_pylist()
+    records = [
+        (_row(part, offset, (int(kind is not None and kind >= 0), ms or 0), key, value, columns, encoding), key, value)
+        for part, offset, ms, kind, key, value in zip(
+            batch.column("partition").to_pylist(),
+            batch.column("offset").to_pylist(),
+            millis,
+            batch.column("timestampType").to_pylist(),
+            batch.column("key").to_pylist(),
+            batch.column("value").to_pylist(),
+            strict=True,
+        )
+    ]
+    return arrow_batch(pa, arrow_schema, records)
