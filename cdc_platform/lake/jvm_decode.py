@@ -40,6 +40,7 @@ RAW_COLUMNS = ("partition", "offset", "timestamp", "timestampType", "key", "valu
 INT_RANGES = {"int16": (-(2**15), 2**15 - 1), "int32": (-(2**31), 2**31 - 1), "int64": (INT64_MIN, INT64_MAX)}
 MAX_JVM_DECIMAL_BYTES = 7  # unscaled values up to 56 bits: conv() and bigint arithmetic stay exact
 CORRUPT = "__corrupt"
+OFFSETS_PER_TASK = 20_000
 JSON_OPTIONS = {
     "mode": "PERMISSIVE",
     "columnNameOfCorruptRecord": CORRUPT,
@@ -81,6 +82,8 @@ def kafka_source_options(bootstrap_servers: str, topic: str, spans: list[tuple[i
         # planned, from the topic's earliest offsets (model/rehydration.changelog_gap)
         "failOnDataLoss": "false",
         "includeHeaders": "false",
+        # long ranges cut into several tasks, so every core decodes (as the Python reader does)
+        "minPartitions": str(max(1, -(-sum(e - s for _, s, e in spans) // OFFSETS_PER_TASK))),
     }
 
 
