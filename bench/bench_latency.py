@@ -212,12 +212,15 @@ def main() -> None:
         for target in workers:
             threading.Thread(target=target, daemon=True).start()
         run.apply_streaming() if args.engine == "stream" else run.apply_until_seen()
+        run.stop_writing.set()
+        run.stop_all.set()
+        capture.stop()
+        run.report()  # before the cleanup: its figures are what the run was for
     finally:
         run.stop_writing.set()
         run.stop_all.set()
         capture.stop()
         bench_lake.cleanup(run.config, tag)
-    run.report()
 
 
 if __name__ == "__main__":

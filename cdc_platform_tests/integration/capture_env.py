@@ -239,14 +239,4 @@ tables:
 
 def _drop_slot(admin: psycopg.Connection[tuple[Any, ...]], slot: str) -> None:
     """End the backend streaming from the slot, wait until it let go, drop it."""
-    from cdc_platform.sources.postgres.slot import read_slot
-
-    state = read_slot(admin, slot)
-    if state is not None and state.active_pid is not None:
-        admin.execute("SELECT pg_terminate_backend(%s)", (state.active_pid,))
-        for _ in range(50):
-            state = read_slot(admin, slot)
-            if state is None or state.active_pid is None:
-                break
-            time.sleep(0.1)
-    drop_slot(admin, slot)
+    drop_slot(admin, slot, terminate_user=True)

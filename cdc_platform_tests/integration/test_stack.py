@@ -148,3 +148,33 @@ def test_pgbench_tables_are_available(demo_db: StackProfile) -> None:
     with capture_connect(demo_db, "bench") as conn:
         row = conn.execute("SELECT count(*) FROM pgbench_accounts").fetchone()
     assert row == (100_000,)
+
+
+def test_a_slot_held_by_a_streaming_client_is_dropped_after_ending_it(demo_db: StackProfile) -> None:
+    """``drop_slot(terminate_user=True)`` (cleanups, rehydration's new slot): the ended
+    backend lets go of the slot a moment later, and the drop must wait for that instead of
+    failing with 'replication slot … is active'."""
+    import subprocess
+    import time
+
+    from cdc_platform.devtools.stack.postgres import bin_dir
+    from cdc_platform.sources.postgres.slot import drop_slot, read_slot
+
+    slot = f"t_{uuid.uuid4().hex[:12]}"
+    with capture_connect(demo_db) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", (slot,))
+    env = {**os.environ, "PGPASSWORD": os.environ["CDC_PG_PASSWORD"]}
+    command = [str(bin_dir() / "pg_recvlogical"), "-h", "127.0.0.1", "-p", str(demo_db.pg_port), "-U", CAPTURE_ROLE,
+               "-d", "shop", "--slot", slot, "--start", "-f", "/dev/null"]  # fmt: skip
+    streamer = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)  # --no-loop unset: it keeps streaming
+    try:
+        with capture_connect(demo_db) as admin:
+            deadline = time.monotonic() + 20
+            while (state := read_slot(admin, slot)) is None or state.active_pid is None:
+                assert time.monotonic() < deadline, "pg_recvlogical never became the slot's active user"
+                time.sleep(0.1)
+            drop_slot(admin, slot, terminate_user=True)
+            assert read_slot(admin, slot) is None
+    finally:
+        streamer.kill()
+        streamer.wait()

@@ -6,6 +6,7 @@ and a restarted capture resumes there. Helpers take an open connection and plain
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +63,19 @@ def drop_slot(conn: Connection, slot: str, terminate_user: bool = False) -> None
             "WHERE slot_name = %s AND active_pid IS NOT NULL",
             (slot,),
         )
+        _wait_until_released(conn, slot)
     conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+
+
+def _wait_until_released(conn: Connection, slot: str, timeout_s: float = 10.0) -> None:
+    """A terminated backend lets go of its slot a moment later; dropping before that fails
+    with 'replication slot ... is active'."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+        if row is None or row[0] is None:
+            return
+        time.sleep(0.1)
 
 
 def current_wal_position(conn: Connection) -> int:
