@@ -10,8 +10,10 @@ test that asks for a service fixture (``stack``, ``spark``, …), is marked
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +34,28 @@ os.environ.setdefault("CDC_SPARK_JARS_DIR", str(REPO_ROOT / ".cdc" / "jars" / "s
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test that needs a service, by where it lives and what it asks for."""
+    """Mark every test that needs a service, by where it lives and what it asks for. Tests
+    that use Kafka Connect share one worker under xdist (the worker starts one Connect)."""
     for item in items:
         parts = Path(str(item.fspath)).relative_to(REPO_ROOT / "cdc_platform_tests").parts
         fixtures = set(getattr(item, "fixturenames", ()))
         if parts[0] in INTEGRATION_DIRS or fixtures & SERVICE_FIXTURES:
             item.add_marker(pytest.mark.integration)
+        if "connect" in fixtures:
+            item.add_marker(pytest.mark.xdist_group("kafka_connect"))
+
+
+@contextmanager
+def _one_worker_at_a_time(profile: StackProfile, name: str) -> Iterator[None]:
+    """Under pytest-xdist, workers take turns (starting the stack, setting up the demo
+    databases): a file lock in the profile's directory."""
+    profile.root.mkdir(parents=True, exist_ok=True)
+    with (profile.root / f"{name}.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _files_holding(roots: list[Path], secrets: list[bytes], skip: set[Path]) -> list[str]:
@@ -75,18 +93,22 @@ def no_secret_in_anything_the_suite_wrote(tmp_path_factory: pytest.TempPathFacto
 @pytest.fixture(scope="session")
 def stack() -> Iterator[StackProfile]:
     profile = PROFILES["test"]
-    already_up = {name for name, state in stack_status(profile).items() if state.startswith("up")}
-    try:
-        started = stack_up(profile)
-    except Exception as exc:  # surface the stack's own message (it names the log file)
-        if not already_up:
-            stack_down(profile)  # stop what this session started, even half-way
-        pytest.fail(f"the test stack could not start: {exc}", pytrace=False)
+    with _one_worker_at_a_time(profile, "stack"):
+        already_up = {name for name, state in stack_status(profile).items() if state.startswith("up")}
+        try:
+            started = stack_up(profile)
+        except Exception as exc:  # surface the stack's own message (it names the log file)
+            if not already_up:
+                stack_down(profile)  # stop what this session started, even half-way
+            pytest.fail(f"the test stack could not start: {exc}", pytrace=False)
     load_stack_env(profile)
     try:
         yield profile
     finally:
-        if started.started_kafka or started.started_postgres or started.started_mariadb:
+        # a worker of several must not stop the stack under the others (scripts/test.sh
+        # starts it before the workers and stops it after them)
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        if (started.started_kafka or started.started_postgres or started.started_mariadb) and not worker:
             stack_down(profile)
 
 
@@ -95,7 +117,8 @@ def demo_db(stack: StackProfile) -> StackProfile:
     """The shop and bench demo databases on the test stack."""
     from cdc_platform.devtools.demo.setup import setup_demo
 
-    list(setup_demo(stack, pgbench_scale=1, seed_customers=50))
+    with _one_worker_at_a_time(stack, "demo_db"):  # idempotent, but not when two run at once
+        list(setup_demo(stack, pgbench_scale=1, seed_customers=50))
     return stack
 
 

@@ -31,12 +31,25 @@ def _register_faults(sub: Any) -> None:
     faults = sub.add_parser("faults", help="fault injection under a steady workload, then verify (bounded)")
     faults.add_argument("--profile", default="dev", help="the local stack to break (dev or test)")
     faults.add_argument(
+        "--engine",
+        choices=("stream", "windows"),
+        default="stream",
+        help="how changes are applied: stream (the long-running cdc-platform apply, the demo's) or windows "
+        "(Dagster runs per changelog window)",
+    )
+    faults.add_argument(
         "--faults",
         default="all",
-        help="comma-separated: capture_kill, broker_restart, postgres_restart, spark_kill, bad_records, "
-        "retention (or all)",
+        help="comma-separated: capture_kill, broker_restart, postgres_restart, bad_records, retention, and "
+        "apply_kill (stream) or spark_kill (windows); or all",
     )
     faults.add_argument("--capture-kills", type=int, default=3, help="SIGKILLs of capture in its fault")
+    faults.add_argument(
+        "--apply-kills",
+        type=int,
+        default=3,
+        help="random SIGKILLs of the apply in its fault (stream), plus one cut at each of two crash points",
+    )
     faults.add_argument("--rate", type=float, default=20.0, help="shop workload transactions per second")
     faults.add_argument("--seed", type=int, default=1)
     faults.add_argument("--workdir", default=".cdc/faults", help="config, lake, Dagster instance and logs of the run")
@@ -108,17 +121,19 @@ def _faults(args: argparse.Namespace) -> int:
 
     from cdc_platform.devtools.faults import FAULTS, FaultSuite, format_results
 
-    chosen = list(FAULTS) if args.faults == "all" else [f.strip() for f in args.faults.split(",")]
-    unknown = [f for f in chosen if f not in FAULTS]
+    known = FAULTS[args.engine]
+    chosen = list(known) if args.faults == "all" else [f.strip() for f in args.faults.split(",")]
+    unknown = [f for f in chosen if f not in known]
     if unknown:
-        raise CliError(f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
+        named = ", ".join(unknown)
+        raise CliError(f"unknown fault(s) {named} for the {args.engine} engine; choose from {', '.join(known)}")
     workdir = Path(args.workdir).resolve()
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    suite = FaultSuite(_profile(args.profile), workdir, args.rate, args.seed)
+    suite = FaultSuite(_profile(args.profile), workdir, args.rate, args.seed, engine=args.engine)
     try:
         suite.setup()
-        results = suite.run(chosen, capture_kills=args.capture_kills)
+        results = suite.run(chosen, capture_kills=args.capture_kills, apply_kills=args.apply_kills)
     finally:
         suite.teardown()
     print(format_results(results))

@@ -9,6 +9,12 @@ The pipeline is driven the way users run it: the platform's own sensors and auto
 conditions are evaluated against the instance and the runs they request are executed
 (``devtools/daemon.py``); no fault is repaired by a side door.
 
+Two engines, as configured (``apply.engine``): ``stream`` (the default, the demo's) runs
+``cdc-platform apply`` as the long-running process a user runs, reporting to the same
+instance; ``apply_kill`` SIGKILLs it at random instants and cuts it between the steps of
+a batch (after the changelog append, after the merge). ``windows`` applies by the
+changelog sensor's runs; ``spark_kill`` SIGKILLs one of them mid-run.
+
 After each fault the workload pauses, the pipeline settles, and:
 * ``verify``'s comparison passes for every table (nothing lost, no duplicate or ghost rows);
 * dead letters hold exactly the bad records injected so far;
@@ -34,6 +40,7 @@ import dagster as dg
 import psycopg
 
 from cdc_platform.config import PlatformConfig, TableConfig, load_config
+from cdc_platform.devtools.apply_process import KILLED, ApplyProcess
 from cdc_platform.devtools.daemon import Daemon
 from cdc_platform.devtools.demo.setup import setup_demo
 from cdc_platform.devtools.demo.workload import ShopWorkload, app_connect
@@ -50,7 +57,12 @@ from cdc_platform.sources import open_source
 from cdc_platform.sources.postgres.slot import current_wal_position, drop_slot, read_slot
 
 TABLES = ("customers", "orders", "order_lines", "payments")
-FAULTS = ("capture_kill", "broker_restart", "postgres_restart", "spark_kill", "bad_records", "retention")
+STREAM_FAULTS = ("capture_kill", "broker_restart", "postgres_restart", "apply_kill", "bad_records", "retention")
+WINDOW_FAULTS = ("capture_kill", "broker_restart", "postgres_restart", "spark_kill", "bad_records", "retention")
+FAULTS = {"stream": STREAM_FAULTS, "windows": WINDOW_FAULTS}
+# where apply_kill cuts the process: after the changelog append (ranges recorded, current not
+# merged) and after the merge (current written, its frontier not recorded)
+APPLY_CUTS = ("apply.recorded", "current.merged")
 OVERSIZED_BYTES = 900_000  # under the broker's 1 MB limit: it lands, and must be dead-lettered
 WINDOW_S = 60  # the suite's tables use 1-minute changelog windows
 UNVERIFIED = "NOT VERIFIED:"
@@ -110,8 +122,11 @@ class FaultSuite:
     def __init__(
         self, profile: StackProfile, workdir: Path, rate: float = 20.0, seed: int = 1,
         log: Callable[[str], None] = print, pgbench: bool = True, tables: tuple[str, ...] = TABLES,
+        engine: str = "stream",
     ) -> None:  # fmt: skip
-        self.profile, self.workdir, self.rate, self.log = profile, workdir, rate, log
+        if engine not in FAULTS:
+            raise ValueError(f"unknown apply engine {engine!r}; choose from {', '.join(FAULTS)}")
+        self.profile, self.workdir, self.rate, self.log, self.engine = profile, workdir, rate, log, engine
         self.rng = random.Random(seed)  # noqa: S311 - fault timing, not crypto
         self.tag = uuid.uuid4().hex[:6]
         self.pgbench = pgbench
@@ -125,6 +140,10 @@ class FaultSuite:
         self.instance_dir = workdir / "dagster"
         self.instance: dg.DagsterInstance | None = None
         self.daemon: Daemon | None = None
+        # the long-running apply (stream engine), reporting to the suite's Dagster instance
+        reporting = {"DAGSTER_HOME": str(self.instance_dir)}
+        self.apply = ApplyProcess(self.config_path, "shop", workdir / "apply.log", reporting)
+        self.apply_exits: list[int] = []  # exit codes of apply processes that ended on their own
 
     # ------------------------------------------------------------ setup / teardown
 
@@ -147,11 +166,16 @@ class FaultSuite:
             self.bench = self._start_pgbench()
         time.sleep(2)
         self.daemon.settle()  # bootstrap: the rehydration sensor takes the first generations while the workload runs
+        if self.engine == "stream":
+            self.apply.env.update(stack_env(self.profile))
+            self.apply.start()
 
     def _write_config(self) -> None:
         entry = "  - name: shop.public.{}\n    errors: {{tolerance: all, dead_letter_threshold: 1000}}\n"
-        # 1-minute windows that close as soon as they end: settling waits for the minute, never longer
-        tables = "".join(entry.format(t) + "    changelog: {window: 1m, grace_s: 0}\n" for t in self.table_names)
+        # windows engine: 1-minute windows that close as soon as they end (settling waits for the minute)
+        windows = "    changelog: {window: 1m, grace_s: 0}\n" if self.engine == "windows" else ""
+        tables = "".join(entry.format(t) + windows for t in self.table_names)
+        apply = "    apply: {engine: stream, trigger_interval_s: 0.5}\n" if self.engine == "stream" else ""
         self.config_path.write_text(
             f"""sources:
   shop:
@@ -163,7 +187,7 @@ class FaultSuite:
     publication: faults_{self.tag}
     topic_prefix: faults{self.tag}
     heartbeat_interval_s: 1
-kafka:
+{apply}kafka:
   bootstrap_servers: {self.profile.kafka_bootstrap}
   partitions: 3
   cleanup_policy: compact,delete
@@ -185,6 +209,7 @@ tables:
 
     def teardown(self) -> None:
         self.workload.stopped.set()
+        self.apply.stop()
         for proc in (self.capture, self.bench):
             if proc is not None and proc.poll() is None:
                 proc.kill()
@@ -273,6 +298,23 @@ tables:
         self.daemon.reap_dead_runs()
         return 1
 
+    def apply_kill(self, times: int = 2) -> int:
+        """The long-running apply, under load: SIGKILLed ``times`` at random instants once it
+        applies; after the first kill it is started with a crash point for each cut, so it
+        dies between two steps of a batch (after the changelog append, after the merge), then
+        as usual. Returns the kills."""
+        for kill in range(times):
+            self.apply.wait_for_batch()
+            time.sleep(self.rng.uniform(0.0, 3.0))
+            self.apply.kill()
+            for cut in APPLY_CUTS if kill == 0 else ():
+                self.apply.start(crash_point=cut)
+                code = self.apply.wait_exit(timeout_s=300)
+                if code != KILLED:
+                    raise RuntimeError(f"apply cut at {cut} exited with {code}, not {KILLED}:\n{self.apply.tail()}")
+            self.apply.start()
+        return times + len(APPLY_CUTS)
+
     def bad_records(self, malformed: int = 5) -> int:
         table = self.tables[1]
         producer = KafkaClients(self.config.kafka).producer(**{"message.max.bytes": 2_000_000})
@@ -291,6 +333,9 @@ tables:
 
         table = self.tables[0]
         topic = self.config.topic_for(table)
+        if self.engine == "stream":  # down longer than retention: records it never read are deleted
+            self.apply.stop()
+            time.sleep(2.0)
         self.workload.pause()
         self.wait_caught_up()
         kafka = KafkaClients(self.config.kafka)
@@ -299,6 +344,8 @@ tables:
         for future in admin.delete_records(ends).values():
             future.result(timeout=30)
         self.workload.running.set()
+        if self.engine == "stream":
+            self.apply.start()
         return 1
 
     # ------------------------------------------------------------ settle and check
@@ -313,9 +360,13 @@ tables:
         time.sleep(max(0.0, closes_at - time.time()))
 
     def settle(self) -> tuple[int, int, int, bool, str]:
-        """Pause the workload, let the sensors and runs catch up, verify, account."""
+        """Pause the workload, let the sensors, runs and the apply catch up, verify, account."""
         assert self.daemon is not None
-        self._wait_for_closed_window()
+        if self.engine == "windows":
+            self._wait_for_closed_window()
+        else:
+            self.workload.pause()
+            self.wait_caught_up()
         before = {t.key: len(self._generations(t)) for t in self.tables}
         self.daemon.reap_dead_runs()
         self.daemon.settle()
@@ -324,10 +375,33 @@ tables:
             for t in self.tables
             if len(self._generations(t)) > before[t.key]
         ]
+        if self.engine == "stream":
+            self._wait_applied(notes)
         rows, mismatches = self._verify(notes)
         dead, balanced = self.accounting()
         self.workload.running.set()
         return rows, mismatches, dead, balanced, "; ".join(notes)
+
+    def _wait_applied(self, notes: list[str], timeout_s: float = 240.0) -> None:
+        """Until the running apply's current stands at the end of every table topic. An apply
+        that ended on its own is a failure of the fault (noted), then started again."""
+        kafka, ledger = KafkaClients(self.config.kafka), Ledger(self.config.lake.root)
+        deadline, behind = time.monotonic() + timeout_s, ["every table"]
+        while time.monotonic() < deadline:
+            if not self.apply.alive():
+                self.apply_exits.append(self.apply.exit_code or 0)
+                notes.append(f"{UNVERIFIED} apply exited with {self.apply.exit_code}: {self.apply.tail(500)}")
+                self.apply.start()
+            committed, config = ledger.committed_all(), self.config
+            behind = [
+                t.table_name
+                for t in config.tables
+                if not _applied_to_end(ledger, kafka, t.key, config.topic_for(t), committed.get(t.key))
+            ]
+            if not behind:
+                return
+            time.sleep(1.0)
+        notes.append(f"{UNVERIFIED} apply did not reach the end of {', '.join(behind)} within {timeout_s:.0f} s")
 
     def _generations(self, table: TableConfig) -> list[Generation]:
         ledger = Ledger(self.config.lake.root)
@@ -368,13 +442,24 @@ tables:
             balanced = balanced and offsets == events + dead
         return dead_total, balanced
 
-    def run(self, faults: list[str], capture_kills: int = 3) -> list[FaultResult]:
+    def inject(self, fault: str, capture_kills: int = 3, apply_kills: int = 2) -> int:
+        if fault not in FAULTS[self.engine]:
+            known = ", ".join(FAULTS[self.engine])
+            raise ValueError(f"fault {fault!r} is not one of the {self.engine} engine's: {known}")
+        if fault == "capture_kill":
+            return self.capture_kill(capture_kills)
+        if fault == "apply_kill":
+            return self.apply_kill(apply_kills)
+        injected: int = getattr(self, fault)()
+        return injected
+
+    def run(self, faults: list[str], capture_kills: int = 3, apply_kills: int = 2) -> list[FaultResult]:
         results = []
         for fault in faults:
             time.sleep(self.rng.uniform(1.0, 3.0))  # the workload runs before each fault
             started = time.monotonic()
             self.log(f"fault: {fault}")
-            injected = self.capture_kill(capture_kills) if fault == "capture_kill" else getattr(self, fault)()
+            injected = self.inject(fault, capture_kills, apply_kills)
             time.sleep(2.0)  # and during the recovery
             rows, mismatches, dead, balanced, note = self.settle()
             recovered = mismatches == 0 and dead == self.expected_dead and balanced and UNVERIFIED not in note
@@ -383,6 +468,15 @@ tables:
             self.log(f"  {result}")
             results.append(result)
         return results
+
+
+def _applied_to_end(ledger: Ledger, kafka: KafkaClients, key: str, topic: str, committed: Generation | None) -> bool:
+    """Current is of the committed generation and its frontier is the topic's end."""
+    position = ledger.current(key)
+    if committed is None or position is None or position.generation != committed.generation:
+        return False
+    ends = kafka.end_offsets(topic)
+    return {p: o for p, o in position.frontier.items() if o} == {p: o for p, o in ends.items() if o}
 
 
 def format_results(results: list[FaultResult]) -> str:

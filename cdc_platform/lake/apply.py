@@ -160,7 +160,17 @@ def load_state(ledger: Ledger, table: LakeTable, committed: Generation) -> Table
     recorded = walk(committed.watermark.kafka_end_offsets, [r.offsets for rs in windows.values() for r in rs])
     last = ledger.last_batch(table.key)
     pending = last if last is not None and last.key not in windows else None
+    if pending is not None and not continues(recorded.frontier, pending):
+        # planned before the committed generation (whose watermark is past it): re-reading it
+        # would read offsets the generation already holds, or ones retention deleted
+        log.info("%s: batch %s, planned before generation %s, abandoned", table.key, pending.key, committed.generation)
+        pending = None
     return TableState(committed.generation, recorded.frontier, last, pending, ledger.current(table.key))
+
+
+def continues(frontier: dict[int, int], plan: BatchPlan) -> bool:
+    """The plan reads on from ``frontier`` (every range starts where the frontier stands)."""
+    return all(r.start == frontier.get(r.partition, 0) for r in plan.ranges)
 
 
 class ApplyLease:

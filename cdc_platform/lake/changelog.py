@@ -26,7 +26,13 @@ from cdc_platform.lake.lake_types import row_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
 from cdc_platform.model.coverage import walk
-from cdc_platform.model.errors import DeadLetterError, FatalError, NoGenerationError, SchemaIncompatibleError
+from cdc_platform.model.errors import (
+    ChangelogGapError,
+    DeadLetterError,
+    FatalError,
+    NoGenerationError,
+    SchemaIncompatibleError,
+)
 from cdc_platform.model.tables import TableSchema
 from cdc_platform.model.windows import (
     BatchPlan,
@@ -166,6 +172,7 @@ def _decode(
     """The window's records decoded (cached) with the registered schema, or with the
     refreshed one when records carry columns it lacks."""
     decoded = _decoded(read_ranges(spark, kafka, table, window, schema).cache())
+    _ensure_nothing_deleted(kafka, table, window, decoded)
     if not decoded.unknown_columns:
         return decoded
     decoded.release()
@@ -181,6 +188,28 @@ def _decode(
     again = _decoded(read_ranges(spark, kafka, table, window, refreshed).cache())
     again.schema_registered = True
     return again
+
+
+def _ensure_nothing_deleted(kafka: KafkaClients, table: LakeTable, window: WindowPlan, decoded: DecodedBatch) -> None:
+    """Raise a changelog gap if retention or DeleteRecords may have removed records of the
+    window before they were read. Spark's Kafka source skips missing offsets silently (it
+    must: compaction leaves them), and a planned batch can wait long (its process died):
+    without this, the batch would be recorded as applied with changes missing, and the
+    frontier would move past the hole where the rehydration sensor looks for it. A topic's
+    earliest offset only moves forward, so if every range still starts at or after it
+    *after* the read, nothing of the window was deleted before or during the read."""
+    earliest = {p: low for p, (low, _) in kafka.watermarks(table.topic).items()}
+    lost = [(r.partition, r.start, earliest[r.partition]) for r in window.ranges
+            if r.end > r.start and earliest.get(r.partition, 0) > r.start]  # fmt: skip
+    if not lost:
+        return
+    decoded.release()
+    detail = "; ".join(f"partition {p} from offset {start} (Kafka now starts at {low})" for p, start, low in lost)
+    raise ChangelogGapError(
+        f"{table.key}: records of {window.key} were deleted by retention or DeleteRecords before they were read: "
+        f"{detail}; nothing of it was written. The changelog has a hole: the table needs a new generation "
+        f"(the rehydration sensor starts one; or: cdc-platform rehydrate {table.key})"
+    )
 
 
 DEAD = "__dead_letter"

@@ -78,8 +78,8 @@ def kafka_source_options(bootstrap_servers: str, topic: str, spans: list[tuple[i
         "startingOffsets": json.dumps({topic: {str(p): s for p, s, _ in spans}}),
         "endingOffsets": json.dumps({topic: {str(p): e for p, _, e in spans}}),
         # compaction and transaction markers leave offsets without records inside a range (as
-        # the Python reader, skip them); offsets retention deleted are found before a batch is
-        # planned, from the topic's earliest offsets (model/rehydration.changelog_gap)
+        # the Python reader, skip them); offsets retention deleted are found after the read,
+        # from the topic's earliest offsets (changelog._ensure_nothing_deleted)
         "failOnDataLoss": "false",
         "includeHeaders": "false",
         # long ranges cut into several tasks, so every core decodes (as the Python reader does)

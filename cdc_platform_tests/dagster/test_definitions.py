@@ -18,7 +18,8 @@ from cdc_platform.devtools.stack.postgres import LocalPostgres
 from cdc_platform.orchestration.definitions import build_definitions
 from cdc_platform_tests.conftest import REPO_ROOT, write_config
 
-pytestmark = pytest.mark.integration
+# serial: the shop source's fixed slot (cdc_shop) and the demo tables, shared with the other serial files
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 def _groups(defs: dg.Definitions) -> dict[str, set[str]]:

@@ -17,7 +17,8 @@ from cdc_platform.orchestration.runs import start_generations
 from cdc_platform.orchestration.sensors.failures import describe_failure
 from cdc_platform_tests.conftest import write_config
 
-pytestmark = pytest.mark.integration
+# serial: the shop source's fixed slot (cdc_shop) and the demo tables, shared with the other serial files
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 def test_fatal_failure_is_not_retried_and_is_reported(demo_db: Any, spark: Any, tmp_path: Path) -> None:

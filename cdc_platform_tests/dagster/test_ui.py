@@ -22,7 +22,8 @@ from cdc_platform.devtools.screenshot import capture_page
 from cdc_platform.orchestration.runs import apply_current, start_generations
 from cdc_platform_tests.conftest import REPO_ROOT, write_config
 
-pytestmark = pytest.mark.integration
+# serial: the shop source's fixed slot (cdc_shop) and the demo tables, shared with the other serial files
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 def _free_port() -> int:

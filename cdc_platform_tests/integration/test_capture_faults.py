@@ -182,6 +182,7 @@ def test_reconnects_when_the_connection_is_killed(env: CaptureEnv) -> None:
     assert ids == set(range(1, 201))
 
 
+@pytest.mark.serial  # the broker goes down under every other test: run alone (scripts/test.sh)
 def test_survives_a_kafka_restart(env: CaptureEnv) -> None:
     from cdc_platform.devtools.stack.kafka import LocalKafka
 
@@ -259,6 +260,7 @@ def test_adding_a_table_names_who_may_alter_the_publication(env: CaptureEnv) -> 
     env.run_until_caught_up()
 
 
+@pytest.mark.serial  # max_slot_wal_keep_size = 1MB is server-wide: other tests' slots would be invalidated
 def test_invalidated_slot_stops_with_source_position_lost(env: CaptureEnv) -> None:
     env.run_until_caught_up()  # the slot exists and is idle
     with env.admin() as admin:

@@ -15,7 +15,8 @@ from cdc_platform.devtools.demo.workload import app_connect, run_workload
 from cdc_platform.devtools.stack import StackProfile, stack_status, stack_up
 from cdc_platform.devtools.stack.postgres import CAPTURE_ROLE
 
-pytestmark = pytest.mark.integration
+# serial: it writes to the demo tables other serial tests snapshot and compare
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 
 def capture_connect(profile: StackProfile, dbname: str = "shop") -> psycopg.Connection[tuple[object, ...]]:
