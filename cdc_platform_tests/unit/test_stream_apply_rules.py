@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cdc_platform.config import ConfigError, load_config
-from cdc_platform.lake.apply import RETRY_FIRST_S, TableHealth
+from cdc_platform.lake.apply import RETRY_FIRST_S, TableHealth, continues
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.model.coverage import OffsetRange, walk
 from cdc_platform.model.errors import ChangelogGapError, FatalError, RetriableError
@@ -52,6 +52,16 @@ def test_a_batch_is_bounded_and_shared_between_partitions() -> None:
 def test_offsets_kafka_no_longer_holds_are_a_hole() -> None:
     with pytest.raises(ChangelogGapError, match=r"partition 1 must continue at offset 3.*rehydrated"):
         next_batch_ranges("t", {0: 0, 1: 3}, {0: (0, 1), 1: (8, 20)}, 1000)
+
+
+def test_a_pending_batch_is_re_applied_only_where_it_continues_the_frontier() -> None:
+    """A batch planned before a new generation (whose watermark is past it) is abandoned:
+    re-reading it would read offsets the generation holds, or ones retention deleted."""
+    plan = BatchPlan(7, "2026-11-25T00:00:00Z", (OffsetRange(0, 10, 20), OffsetRange(2, 0, 5)))
+    assert continues({0: 10}, plan)  # partition 2 never read: it stands at 0
+    assert continues({0: 10, 1: 4, 2: 0}, plan)
+    assert not continues({0: 15}, plan)  # a new generation's watermark inside the batch
+    assert not continues({0: 30, 2: 9}, plan)  # past it
 
 
 def test_a_batch_plan_is_read_back_and_the_first_planning_wins(tmp_path: Path) -> None:
