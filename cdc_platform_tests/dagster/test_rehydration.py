@@ -263,10 +263,14 @@ def test_ten_thousand_windows_since_the_watermark_are_no_gap(env: CaptureEnv) ->
     table = env.config.table(f"cap.{env.schema}.items")
     topic = env.config.topic_for(table)
     producer = Producer({"bootstrap.servers": env.profile.kafka_bootstrap, "linger.ms": 50})
-    for i in range(100_500):
-        producer.produce(topic, b"{}", key=b"k", partition=0)
-        if i % 50_000 == 0:
-            producer.poll(0)
+    for _ in range(100_500):
+        while True:
+            try:
+                producer.produce(topic, b"{}", key=b"k", partition=0)
+                break
+            except BufferError:  # librdkafka's local queue is full (a busy machine): let it drain
+                producer.poll(0.5)
+        producer.poll(0)
     assert producer.flush(60) == 0
     admin = AdminClient({"bootstrap.servers": env.profile.kafka_bootstrap})
     for future in admin.delete_records([TopicPartition(topic, 0, 100_500)]).values():
