@@ -385,14 +385,15 @@ tables:
     def _wait_applied(self, notes: list[str], timeout_s: float = 240.0) -> None:
         """Until the running apply's current stands at the end of every table topic. An apply
         that ended on its own is a failure of the fault (noted), then started again."""
-        kafka, ledger = KafkaClients(self.config.kafka), Ledger(self.config.lake.root)
+        config = self.config  # read once: the file does not change while it waits
+        kafka, ledger = KafkaClients(config.kafka), Ledger(config.lake.root)
         deadline, behind = time.monotonic() + timeout_s, ["every table"]
         while time.monotonic() < deadline:
             if not self.apply.alive():
                 self.apply_exits.append(self.apply.exit_code or 0)
                 notes.append(f"{UNVERIFIED} apply exited with {self.apply.exit_code}: {self.apply.tail(500)}")
                 self.apply.start()
-            committed, config = ledger.committed_all(), self.config
+            committed = ledger.committed_all()
             behind = [
                 t.table_name
                 for t in config.tables
