@@ -33,7 +33,12 @@ def register(sub: Any) -> None:
     ver = sub.add_parser("verify", help="wait until current has applied the source's position, then compare")
     ver.add_argument("tables", nargs="*", help="source.schema.table … (default: every table)")
     ver.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for capture and current, in all")
-    ver.add_argument("--rounds", type=int, default=3, help="re-checks of differences while the source moves")
+    ver.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="attempts per table when a round cannot compare (a truncate or a new generation in flight)",
+    )
     command(ver, verify)
 
 

@@ -20,18 +20,17 @@ Dagster edge turns it into an ``AssetCheckResult``.
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.lake.compare import SAMPLE, compare_at_one_read, key_samples, keys_only_in
 from cdc_platform.lake.lake_types import lake_type
 from cdc_platform.lake.ledger import Ledger
-from cdc_platform.lake.snapshot import read_jdbc, scratch_copy
+from cdc_platform.lake.snapshot import read_jdbc
 from cdc_platform.lake.tables import LakeTable
-from cdc_platform.model.coverage import in_flight_ranges, walk
+from cdc_platform.model.coverage import walk
 from cdc_platform.model.feeds import FeedObservation, feed_verdict
 from cdc_platform.model.generations import Generation
 from cdc_platform.model.tables import TableSchema
@@ -40,7 +39,6 @@ from cdc_platform.sources.base import Source
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-SAMPLE = 5
 RECENT_WINDOWS = 3
 CAPTURE_WAIT_S = 15.0
 
@@ -180,11 +178,11 @@ class CompletenessReport:
 
 @dataclass(frozen=True)
 class CompletenessInputs:
-    """What the completeness check compares: current as applied, and where it stands."""
+    """What the completeness check reads: current as applied (its row count, and its keys
+    for a polled source; the row comparison pins its own version), and its generation."""
 
     current: DataFrame
     committed: Generation
-    frontier: dict[int, int]
 
 
 def check_completeness(
@@ -202,7 +200,7 @@ def check_completeness(
     )  # fmt: skip
     if source.capabilities.sees_hard_deletes:
         written = source.rows_written(table.config)  # before the read: the wait below covers it
-        captured = _reconcile(spark, source, kafka, table, inputs, report)
+        captured = _reconcile(spark, ledger, source, kafka, table, report)
         if written is not None:
             check_feed(ledger, kafka, table, report, written, captured, source.unfed_cause(table.config))
     else:
@@ -258,143 +256,29 @@ def _hard_deletes(
 
 
 def _reconcile(
-    spark: SparkSession, source: Source, kafka: KafkaClients, table: LakeTable, inputs: CompletenessInputs,
+    spark: SparkSession, ledger: Ledger, source: Source, kafka: KafkaClients, table: LakeTable,
     report: CompletenessReport,
 ) -> bool:  # fmt: skip
     """Current against one consistent read of the source, row by row, except the keys with
-    an event in the span neither side is sure to hold (``model.coverage.in_flight_ranges``):
-    so a table that never stops changing still gets a verdict, and a lost change to any
-    other key is found. Cost: one source read per evaluation, plus decoding the in-flight
-    span, capped by ``completeness.max_in_flight_offsets``. True when the producer
-    confirmed a source position taken after the read."""
-    with scratch_copy(spark, source, kafka, table, "reconcile") as (truth, plan):
-        after_read = source.position()
-        if why := source.wait_until_captured(after_read, time.monotonic() + CAPTURE_WAIT_S):
-            report.compare_note = f"not compared: {why}"
-            return False
-        spans = in_flight_ranges(inputs.frontier, plan.watermark.kafka_end_offsets, kafka.end_offsets(table.topic))
-        report.in_flight_offsets = sum(end - start for _, start, end in spans)
-        cap = table.config.completeness.max_in_flight_offsets
-        if report.in_flight_offsets > cap:
-            report.compare_note = (
-                f"not compared: {report.in_flight_offsets} offsets in flight (current's frontier or the source read "
-                f"to the end of the topic) exceed completeness.max_in_flight_offsets={cap}; apply current more "
-                "often, or raise the cap"
-            )
-            return True
-        keys = list(plan.schema.key)
-        moved = _in_flight_keys(spark, kafka, table, spans, plan.schema)
-        if moved is None:
-            report.compare_note = "not compared: a truncate is in flight; compare after it is applied"
-            return True
-        _compare(truth, inputs.current, keys, moved, report)
-    return True
-
-
-def _in_flight_keys(
-    spark: SparkSession, kafka: KafkaClients, table: LakeTable, spans: list[tuple[int, int, int]],
-    schema: TableSchema,
-) -> DataFrame | None:  # fmt: skip
-    """The keys (old and new) of every event in ``spans``, cached, decoded once; None when
-    a truncate is among them (every key is in flight then)."""
-    from pyspark.sql import functions as F
-
-    from cdc_platform.lake.changelog import read_offsets
-
-    keys = list(schema.key)
-    events = read_offsets(spark, kafka, table, spans, schema)
-    # one decoding pass: each event's old and new key, truncates marked by a null-key row
-    truncate = F.col("op") == "t"
-    images = [
-        events.select(truncate.alias("_truncate"), *[F.col(image).getField(k).alias(k) for k in keys])
-        for image in ("before", "after")
-    ]
-    marked = images[0].unionByName(images[1]).where("_truncate OR " + " OR ".join(f"`{k}` IS NOT NULL" for k in keys))
-    moved = marked.distinct().cache()
-    if moved.where("_truncate").limit(1).count():
-        moved.unpersist()
-        return None
-    return moved  # _truncate is false on every row left; joins on the keys ignore it
-
-
-@dataclass
-class RowComparison:
-    """Two tables of one shape, row by row by key."""
-
-    compared: int = 0  # keys both sides hold
-    missing: int = 0  # in the source, not in current
-    extra: int = 0  # in current, not in the source
-    differing: int = 0  # in both, some column differs
-    sample: list[str] = field(default_factory=list)
-
-
-def compare_rows(
-    source: DataFrame, current: DataFrame, keys: list[str], leave_out: DataFrame | None = None
-) -> RowComparison:
-    """``source`` against ``current`` (its columns) by key, except the keys in
-    ``leave_out``: a hash of every column on each side, with a null marker per column so
-    a value moved between columns is a difference. Samples: 'missing'/'extra'/'differs'."""
-    from pyspark.sql import functions as F
-
-    columns = list(source.columns)
-
-    def hashed(frame: DataFrame) -> DataFrame:
-        kept = frame if leave_out is None else frame.join(leave_out, keys, "left_anti")
-        parts = [p for c in columns for p in (F.col(f"`{c}`"), F.col(f"`{c}`").isNull())]
-        return kept.select(*[f"`{k}`" for k in keys], F.xxhash64(*parts).alias("_row_hash"))
-
-    left = hashed(source).withColumnRenamed("_row_hash", "_source")
-    right = hashed(current.select(*[f"`{c}`" for c in columns])).withColumnRenamed("_row_hash", "_current")
-    joined = left.join(right, keys, "full_outer").cache()
-    try:
-        verdict = F.when(F.col("_current").isNull(), "missing").when(F.col("_source").isNull(), "extra")
-        verdict = verdict.when(F.col("_source") != F.col("_current"), "differs").otherwise("equal")
-        counts = {r["v"]: int(r["count"]) for r in joined.groupBy(verdict.alias("v")).count().collect()}
-        result = RowComparison(
-            counts.get("equal", 0) + counts.get("differs", 0),
-            counts.get("missing", 0), counts.get("extra", 0), counts.get("differs", 0),
-        )  # fmt: skip
-        for label in ("differs", "missing", "extra"):
-            if counts.get(label):
-                result.sample += key_samples(joined.where(verdict == label), keys, label)
-        return result
-    finally:
-        joined.unpersist()
-
-
-def _compare(
-    source: DataFrame, current: DataFrame, keys: list[str], in_flight: DataFrame, report: CompletenessReport
-) -> None:
-    try:
-        report.source_rows = source.count()
-        report.in_flight_keys = in_flight.count()
-        rows = compare_rows(source, current, keys, in_flight)
-    finally:
-        in_flight.unpersist()
-    report.compared = True
+    an event in the span neither side is sure to hold (``lake.compare``): so a table that
+    never stops changing, even while the stream apply merges, still gets a verdict, and a
+    lost change to any other key is found. Cost: one source read per evaluation, plus
+    decoding the in-flight span, capped by ``completeness.max_in_flight_offsets``. True
+    when the producer confirmed a source position taken after the read."""
+    cap = table.config.completeness.max_in_flight_offsets
+    result = compare_at_one_read(spark, ledger, source, kafka, table, CAPTURE_WAIT_S, cap)
+    report.in_flight_offsets, report.in_flight_keys = result.in_flight_offsets, result.in_flight_keys
+    if result.rows is None:
+        report.compare_note = result.note
+        return result.confirmed
+    rows = result.rows
+    report.compared, report.source_rows, report.current_rows = True, result.source_rows, result.current_rows
     report.compared_rows, report.missing, report.extra, report.differing = (
         rows.compared, rows.missing, rows.extra, rows.differing,
     )  # fmt: skip
     report.sample = rows.sample
     report.compare_note = (
-        f"exact at one source read: {rows.compared} rows compared, {report.in_flight_keys} keys with changes in "
-        f"flight left out ({report.in_flight_offsets} offsets)"
+        f"exact at one source read and current version {result.current_version}: {rows.compared} rows compared, "
+        f"{result.in_flight_keys} keys with changes in flight left out ({result.in_flight_offsets} offsets)"
     )
-
-
-def plain_value(value: Any) -> Any:
-    return value if isinstance(value, int | str | float | bool) or value is None else str(value)
-
-
-def keys_only_in(frame: DataFrame, other: DataFrame, keys: list[str], label: str) -> tuple[int, list[str]]:
-    """How many keys of ``frame`` ``other`` does not hold, with samples labelled ``label``."""
-    only = frame.select(*[f"`{k}`" for k in keys]).join(other, keys, "left_anti").cache()
-    try:
-        return only.count(), key_samples(only, keys, label)
-    finally:
-        only.unpersist()
-
-
-def key_samples(frame: DataFrame, keys: list[str], label: str) -> list[str]:
-    """Up to SAMPLE rows of ``frame`` as '<label> {"key": value, …}' for check metadata."""
-    return [f"{label} {json.dumps({k: plain_value(r[k]) for k in keys})}" for r in frame.limit(SAMPLE).collect()]
+    return True

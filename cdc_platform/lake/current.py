@@ -331,7 +331,7 @@ def _evolve(spark: SparkSession, path: str, batch: DataFrame) -> list[str]:
 
 def _dropped_rows(spark: SparkSession, path: str, previous_version: int, keys: list[str]) -> tuple[int, list[str]]:
     """Keys the previous current (Delta version ``previous_version``) held that the rebuilt one has not."""
-    from cdc_platform.lake.checks import keys_only_in
+    from cdc_platform.lake.compare import keys_only_in
 
     before = spark.read.format("delta").option("versionAsOf", previous_version).load(path)
     now = spark.read.format("delta").load(path).select(*[f"`{k}`" for k in keys])

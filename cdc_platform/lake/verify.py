@@ -1,12 +1,18 @@
 """Equivalence: is current exactly the source? (``cdc-platform verify``)
 
 For each table: read the source position P, wait until capture has every change before
-P in Kafka, note the topic's end offsets E, wait until current has applied E (its
-frontier in the ledger; the daemon's sensors or ``cdc-platform current`` do the
-applying), then compare a consistent read of the source with current row by row: keys
-missing from current, extra keys, and keys whose row differs. A source that kept
-changing meanwhile can differ for rows changed after P; those differences are re-checked
-in further rounds (the same procedure again), and only what persists is reported.
+P in Kafka, note the topic's end offsets E, and wait until current has applied E (its
+frontier in the ledger; the stream apply, the daemon's sensors or ``cdc-platform
+current`` do the applying). Then compare current with one consistent read of the
+source, row by row (``lake.compare``): current is read at one Delta version whose
+frontier is known, and the keys with an event in the span the read cannot pin are left
+out. So verify gives an exact verdict on a table that never stops changing, while the
+stream apply goes on merging: a key missing from current, an extra key, or a row that
+differs is a real difference, reported at once.
+
+A round that could not compare (a truncate or a new generation in flight) is tried again,
+up to ``rounds``. A polled source cannot see hard deletes: rows only current holds are
+reported as such, and pass while the table's reconciliation generation is not overdue.
 """
 
 from __future__ import annotations
@@ -14,15 +20,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from cdc_platform.kafka.clients import KafkaClients
-from cdc_platform.lake.checks import compare_rows
-from cdc_platform.lake.current import POSITION_COLUMNS
+from cdc_platform.lake.compare import ExactComparison, compare_at_one_read
 from cdc_platform.lake.ledger import Ledger
-from cdc_platform.lake.snapshot import scratch_copy
 from cdc_platform.lake.tables import LakeTable
 from cdc_platform.model.coverage import behind
+from cdc_platform.model.rehydration import unseen_deletes
 from cdc_platform.sources.base import Source
 
 if TYPE_CHECKING:
@@ -42,11 +48,15 @@ class Verdict:
     sample: list[str] = field(default_factory=list)
     position: str = ""
     waited_s: float = 0.0
-    note: str = ""
+    note: str = ""  # why it could not compare
+    in_flight_keys: int = 0  # keys left out: changed while the comparison ran
+    current_version: int = -1  # the Delta version of current compared
+    deletes_pending: bool = False  # the extra rows are a polled source's hard deletes, reconciliation not overdue
+    explanation: str = ""  # what the extra rows of a polled source are
 
     @property
     def ok(self) -> bool:
-        return not self.note and not (self.mismatches or self.missing or self.extra)
+        return not self.note and not (self.mismatches or self.missing) and (not self.extra or self.deletes_pending)
 
 
 @dataclass(frozen=True)
@@ -59,25 +69,40 @@ class VerifyContext:
 
 
 def verify_table(ctx: VerifyContext, table: LakeTable, timeout_s: float = 600.0, rounds: int = 3) -> Verdict:
-    verdict = Verdict(table.key)
     started = time.monotonic()
+    deadline = started + timeout_s
+    verdict = Verdict(table.key)
     for round_no in range(1, rounds + 1):
         verdict = Verdict(table.key)
         position = ctx.source.position()
         verdict.position = ctx.source.format_position(position)
-        note = ctx.source.wait_until_captured(position, started + timeout_s) or _wait_for_current(
-            ctx, table, started + timeout_s
+        verdict.note = ctx.source.wait_until_captured(position, deadline) or _wait_for_current(ctx, table, deadline)
+        if verdict.note:
+            break
+        comparison = compare_at_one_read(
+            ctx.spark, ctx.ledger, ctx.source, ctx.kafka, table, max(1.0, deadline - time.monotonic())
         )
-        verdict.waited_s = round(time.monotonic() - started, 1)
-        if note:
-            verdict.note = note
-            return verdict
-        _compare(ctx, table, verdict)
-        if verdict.ok:
-            return verdict
-        ctx.log(f"{table.key}: round {round_no}: {verdict.missing} missing, {verdict.extra} extra, "
-                f"{verdict.mismatches} differing; checking again at a newer position")  # fmt: skip
+        _fill(ctx, table, verdict, comparison)
+        if not verdict.note or not comparison.confirmed:
+            break
+        ctx.log(f"{table.key}: round {round_no}: {verdict.note}")
+    verdict.waited_s = round(time.monotonic() - started, 1)
     return verdict
+
+
+def _fill(ctx: VerifyContext, table: LakeTable, verdict: Verdict, comparison: ExactComparison) -> None:
+    verdict.current_version, verdict.in_flight_keys = comparison.current_version, comparison.in_flight_keys
+    if comparison.rows is None:
+        verdict.note = comparison.note
+        return
+    rows = comparison.rows
+    verdict.source_rows, verdict.current_rows = comparison.source_rows, comparison.current_rows
+    verdict.mismatches, verdict.missing, verdict.extra = rows.differing, rows.missing, rows.extra
+    verdict.sample = rows.sample
+    committed = ctx.ledger.committed(table.key)
+    if rows.extra and not ctx.source.capabilities.sees_hard_deletes and committed is not None:
+        every_s = table.config.poll.reconcile_every_s() if table.config.poll else None
+        verdict.deletes_pending, verdict.explanation = unseen_deletes(committed, every_s, datetime.now(UTC), rows.extra)
 
 
 def _wait_for_current(ctx: VerifyContext, table: LakeTable, deadline: float) -> str:
@@ -92,8 +117,8 @@ def _wait_for_current(ctx: VerifyContext, table: LakeTable, deadline: float) -> 
         if time.monotonic() > deadline:
             return (
                 f"current has not applied up to the start position ({unapplied} offsets behind in {table.topic}); "
-                f"materialize the changelog windows and current (the daemon's sensors do, or run cdc-platform "
-                f"current {table.key} once the windows are closed), or raise --timeout"
+                f"is the source's apply running (cdc-platform apply --source {table.config.source}; with scheduled "
+                "applies, the daemon's sensors)? Or raise --timeout"
             )
         if not logged:
             ctx.log(f"{table.key}: waiting for current to apply {unapplied} more offsets")
@@ -101,29 +126,27 @@ def _wait_for_current(ctx: VerifyContext, table: LakeTable, deadline: float) -> 
         time.sleep(WAIT_POLL_S)
 
 
-def _compare(ctx: VerifyContext, table: LakeTable, verdict: Verdict) -> None:
-    spark = ctx.spark
-    with scratch_copy(spark, ctx.source, ctx.kafka, table, "verify") as (truth, plan):
-        keys = list(plan.schema.key)
-        current = spark.read.format("delta").load(table.current_path).drop(*POSITION_COLUMNS)
-        current = current.select(*[f"`{c}`" for c in truth.columns])  # columns the source dropped are not compared
-        verdict.source_rows, verdict.current_rows = truth.count(), current.count()
-        rows = compare_rows(truth, current, keys)
-        verdict.mismatches, verdict.missing, verdict.extra = rows.differing, rows.missing, rows.extra
-        verdict.sample = rows.sample
-
-
 def format_verdicts(verdicts: list[Verdict]) -> str:
     header = ("table", "source rows", "current rows", "mismatches", "missing", "extra", "result")
     rows = [
         (v.table, str(v.source_rows), str(v.current_rows), str(v.mismatches), str(v.missing), str(v.extra),
-         "ok" if v.ok else ("NOT VERIFIED" if v.note else "DIFFERS"))
+         _result(v))
         for v in verdicts
     ]  # fmt: skip
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]]
     for v in verdicts:
-        if v.note:
-            lines.append(f"{v.table}: {v.note}")
+        if v.note or v.explanation:
+            lines.append(f"{v.table}: {v.note or v.explanation}")
+        if v.in_flight_keys:
+            lines.append(f"{v.table}: {v.in_flight_keys} key(s) changed while it compared were left out")
         lines += [f"{v.table}: {s}" for s in v.sample]
     return "\n".join(lines)
+
+
+def _result(verdict: Verdict) -> str:
+    if verdict.note:
+        return "NOT VERIFIED"
+    if not verdict.ok:
+        return "DIFFERS"
+    return "ok, deletes pending" if verdict.extra else "ok"

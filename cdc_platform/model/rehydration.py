@@ -187,6 +187,27 @@ def signal_tables(signal_type: str, data: str | None, source: str, schema_tables
     return names
 
 
+# how long past due a reconciliation may be before ``unseen_deletes`` calls it missing: the
+# rehydration sensor's interval, plus the time a generation of a big table takes
+RECONCILIATION_GRACE_S = 900.0
+
+
+def unseen_deletes(committed: Generation, every_s: float | None, now: datetime, rows: int) -> tuple[bool, str]:
+    """``rows`` rows current holds that a polled source no longer has: the hard deletes the
+    next reconciliation generation drops (True, and when), or, when none is configured
+    or it is overdue, a difference to report (False, and the fix)."""
+    what = f"{rows} row(s) in current are no longer in the source (hard deletes, which polling cannot see)"
+    if every_s is None:
+        return False, f"{what}, and no poll.reconcile_every drops them: set it (e.g. 6h), or run cdc-platform rehydrate"
+    due = committed.updated_at + timedelta(seconds=every_s)
+    if now > due + timedelta(seconds=RECONCILIATION_GRACE_S):
+        return False, (
+            f"{what}; the reconciliation generation was due at {due:%Y-%m-%d %H:%M} UTC and has not been taken: "
+            "is the daemon's rehydration sensor running?"
+        )
+    return True, f"{what}; the reconciliation generation due by {due:%Y-%m-%d %H:%M} UTC drops them"
+
+
 def reconciliation_due(table: str, committed: Generation, every_s: float | None, now: datetime) -> Need | None:
     """A polled table's generation is older than ``poll.reconcile_every``: polling cannot see
     hard deletes, so a new generation is the only way to drop rows the source deleted."""

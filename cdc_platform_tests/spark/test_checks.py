@@ -87,22 +87,22 @@ def test_completeness_finds_holes_and_lost_rows(env: CaptureEnv, spark: Any) -> 
         edges.append(_settle(env))
     for i in (0, 2):  # the middle window is not materialized: a hole
         lake.window(key, edges[i], edges[i + 1])
-    result = lake.current(key)
+    lake.current(key)
     with env.running_capture():
-        report = lake.completeness(key, result, lake.read_current(key))
+        report = lake.completeness(key)
     assert not report.passed and report.holes and report.offsets_missing == 10
     # current stops at the hole: the keys after it are in flight, the rest is compared
     assert report.compared and (report.compared_rows, report.in_flight_keys) == (10, 20)
 
     lake.window(key, edges[1], edges[2])
-    result = lake.current(key)
-    frame = lake.read_current(key)
+    lake.current(key)
     with env.running_capture():
-        report = lake.completeness(key, result, frame)
+        report = lake.completeness(key)
         assert report.passed and report.compared, report.compare_note
         assert (report.source_rows, report.current_rows, report.compared_rows) == (30, 30, 30)
         # a row lost from current is found and named
-        report = lake.completeness(key, result, frame.where("id <> 7"))
+        lake.replace_current(key, lambda current: current.where("id <> 7"))
+        report = lake.completeness(key)
     assert not report.passed and report.compared and (report.missing, report.extra, report.differing) == (1, 0, 0)
     assert report.sample == ['missing {"id": 7}']
 
@@ -127,13 +127,14 @@ def test_completeness_reaches_a_verdict_on_a_table_that_never_stops_changing(env
         t1 = _now()
         time.sleep(1.1)
         lake.window(key, t0, t1)
-        result = lake.current(key)
-        frame = lake.read_current(key)
-        report = lake.completeness(key, result, frame)
+        lake.current(key)
+        report = lake.completeness(key)
         assert report.passed and report.compared, report.compare_note
         assert report.in_flight_keys > 0 and report.compared_rows >= 100 and report.differing == 0
-        lost = frame.withColumn("body", F.when(F.col("id") == 150, F.lit("v1")).otherwise(F.col("body")))
-        report = lake.completeness(key, result, lost)
+        lake.replace_current(
+            key, lambda current: current.withColumn("body", F.when(F.col("id") == 150, "v1").otherwise(F.col("body")))
+        )
+        report = lake.completeness(key)
         assert churn.updates > 100  # it was busy all along
     assert not report.passed and report.compared, report.compare_note
     assert (report.missing, report.extra, report.differing) == (0, 0, 1)

@@ -117,7 +117,7 @@ def test_hard_deletes_are_reported_and_a_reconciliation_generation_drops_them(en
     assert _as_source(current) == live | {k: _as_source(current)[k] for k in hard_deleted}
     assert not {6, 7, 8} & set(current)  # soft deletes became deletes
     assert hard_deleted <= set(current) and 41 not in current  # polling cannot see hard deletes: they linger
-    report = lake.completeness(key, first)
+    report = lake.completeness(key)
     assert report.deleted_in_source == 3
     assert report.passed  # the changelog itself is complete; the lingering rows are a warning
     assert any('"id": 11' in s for s in report.sample)
@@ -134,7 +134,7 @@ def test_hard_deletes_are_reported_and_a_reconciliation_generation_drops_them(en
     later = lake.current(key)
     assert later.changes_applied >= 2
     assert _as_source(_lake(lake, key)) == _source(env)
-    assert lake.completeness(key, later).deleted_in_source == 0
+    assert lake.completeness(key).deleted_in_source == 0
     # verify waits for a poll that began after it, then compares row by row; a hard
     # delete shows as a row only current has
     with env.db() as db:

@@ -13,7 +13,7 @@ from cdc_platform.config.model import CompatibilityMode, PlatformConfig, PollCon
 from cdc_platform.envelope.pgtypes import ConversionOptions, builtin_type, to_json_value
 from cdc_platform.lake.lake_types import lake_type
 from cdc_platform.model.generations import Generation, GenerationStatus
-from cdc_platform.model.rehydration import Reason, reconciliation_due
+from cdc_platform.model.rehydration import RECONCILIATION_GRACE_S, Reason, reconciliation_due, unseen_deletes
 from cdc_platform.model.schemas import ColumnVersion, SchemaVersion, compare
 from cdc_platform.sources.mysql.catalog import (
     MappedColumn,
@@ -146,6 +146,21 @@ def test_reconciliation_is_due_once_per_generation_after_its_interval() -> None:
     due = reconciliation_due("crm.crm.a", g1, 3600.0, committed_at + timedelta(seconds=3601))
     assert due is not None and due.reason is Reason.RECONCILIATION and due.cause == "reconcile:g1"
     assert reconciliation_due("crm.crm.a", g1, None, committed_at + timedelta(days=999)) is None  # not configured
+
+
+def test_rows_only_current_holds_pass_verify_only_while_a_reconciliation_will_drop_them() -> None:
+    """verify on a polled table: rows the source hard-deleted are what the next
+    reconciliation drops; without one configured, or with it overdue, they are a
+    difference, and the explanation names the fix."""
+    committed_at = datetime(2026, 1, 1, tzinfo=UTC)
+    g1 = Generation("crm.crm.a", "g1", GenerationStatus.COMMITTED, committed_at, committed_at)
+    pending, why = unseen_deletes(g1, 3600.0, committed_at + timedelta(minutes=30), 81)
+    assert pending and why.startswith("81 row(s) in current are no longer in the source") and "01:00 UTC" in why
+    late = committed_at + timedelta(seconds=3600 + RECONCILIATION_GRACE_S + 1)
+    pending, why = unseen_deletes(g1, 3600.0, late, 81)
+    assert not pending and "has not been taken: is the daemon's rehydration sensor running?" in why
+    pending, why = unseen_deletes(g1, None, committed_at, 1)
+    assert not pending and "set it (e.g. 6h), or run cdc-platform rehydrate" in why
 
 
 def test_mariadb_schema_changes_are_judged_by_their_lake_types() -> None:

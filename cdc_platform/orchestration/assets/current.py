@@ -220,7 +220,7 @@ class CurrentStep:
         )
         report = check_keys(frame, recent_changelog(self.spark, self.ledger, self.table), keys)
         yield self._check(KEYS_CHECK, report.passed, keys_check_metadata(report))
-        inputs = CompletenessInputs(frame.drop(*POSITION_COLUMNS), committed, result.frontier)
+        inputs = CompletenessInputs(frame.drop(*POSITION_COLUMNS), committed)
         completeness = check_completeness(
             self.spark, self.ledger, self.source, self.kafka.clients(), self.table, inputs
         )

@@ -1,0 +1,213 @@
+"""Current against one consistent read of the source, row by row, exactly, while both move.
+
+Used by ``cdc-platform verify`` and by the completeness check. The steps, in this order
+(the order is what makes it exact):
+
+1. Read the source into a scratch table (``snapshot.scratch_copy``). Its watermark gives
+   the Kafka offsets taken just before the read: every event below them is older than
+   the read.
+2. Take the source's position after the read and wait until capture confirmed it: every
+   event older than the read is now in Kafka.
+3. **Pin current**: note its frontier in the ledger, then fix the Delta version it is
+   read at. The ledger records a frontier only after its Delta commit, so the pinned
+   version has applied at least that frontier. A stream apply that goes on merging
+   while the comparison runs changes nothing the comparison reads.
+4. Take the topic's end offsets: the pinned version applied nothing at or beyond them.
+5. Leave out the keys with an event in the span between (lower of the frontier and the
+   read's offsets) and (the end offsets) (``model.coverage.in_flight_ranges``). Every
+   other key had the same value during the read and at the pinned version, so it must be
+   equal on both sides: a lost, doubled or wrong change to it is found.
+
+A new generation committed while this runs may have rebuilt current at the pinned
+version from a watermark the frontier in step 3 does not describe: that round is not
+compared (``PIN_MOVED``) and the caller asks again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.lake.current import POSITION_COLUMNS
+from cdc_platform.lake.ledger import Ledger
+from cdc_platform.lake.snapshot import scratch_copy
+from cdc_platform.lake.tables import LakeTable
+from cdc_platform.model.coverage import in_flight_ranges
+from cdc_platform.model.tables import TableSchema
+from cdc_platform.sources.base import Source
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+SAMPLE = 5
+PIN_MOVED = "not compared: a new generation is being applied to current; compare again once it is"
+
+
+@dataclass
+class RowComparison:
+    """Two tables of one shape, row by row by key."""
+
+    compared: int = 0  # keys both sides hold
+    missing: int = 0  # in the source, not in current
+    extra: int = 0  # in current, not in the source
+    differing: int = 0  # in both, some column differs
+    sample: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ExactComparison:
+    """The outcome of ``compare_at_one_read``: ``rows`` is None when it did not compare,
+    and ``note`` says why."""
+
+    note: str = ""
+    confirmed: bool = True  # capture confirmed a source position taken after the read
+    rows: RowComparison | None = None
+    source_rows: int = 0
+    current_rows: int = 0
+    current_version: int = -1  # the Delta version of current compared
+    in_flight_keys: int = 0  # keys left out: changed in the span the read could not pin
+    in_flight_offsets: int = 0
+
+
+@dataclass(frozen=True)
+class PinnedCurrent:
+    """Current at one Delta version, and a frontier that version has applied at least."""
+
+    frame: DataFrame
+    version: int
+    frontier: dict[int, int]
+
+
+def compare_at_one_read(
+    spark: SparkSession, ledger: Ledger, source: Source, kafka: KafkaClients, table: LakeTable,
+    capture_wait_s: float, max_in_flight_offsets: int | None = None,
+) -> ExactComparison:  # fmt: skip
+    """Current against one consistent read of the source (the module's steps); the
+    in-flight span is decoded only up to ``max_in_flight_offsets`` (None: no cap)."""
+    with scratch_copy(spark, source, kafka, table, "compare") as (truth, plan):
+        after_read = source.position()
+        if why := source.wait_until_captured(after_read, time.monotonic() + capture_wait_s):
+            return ExactComparison(note=f"not compared: {why}", confirmed=False)
+        pinned = pin_current(spark, ledger, table)
+        if pinned is None:
+            return ExactComparison(note=PIN_MOVED)
+        spans = in_flight_ranges(pinned.frontier, plan.watermark.kafka_end_offsets, kafka.end_offsets(table.topic))
+        result = ExactComparison(current_version=pinned.version)
+        result.in_flight_offsets = sum(end - start for _, start, end in spans)
+        if max_in_flight_offsets is not None and result.in_flight_offsets > max_in_flight_offsets:
+            result.note = (
+                f"not compared: {result.in_flight_offsets} offsets in flight (current's frontier or the source read "
+                f"to the end of the topic) exceed completeness.max_in_flight_offsets={max_in_flight_offsets}; apply "
+                "current more often, or raise the cap"
+            )
+            return result
+        moved = in_flight_keys(spark, kafka, table, spans, plan.schema)
+        if moved is None:
+            result.note = "not compared: a truncate is in flight; compare after it is applied"
+            return result
+        try:
+            result.source_rows, result.current_rows = truth.count(), pinned.frame.count()
+            result.in_flight_keys = moved.count()
+            result.rows = compare_rows(truth, pinned.frame, list(plan.schema.key), moved)
+        finally:
+            moved.unpersist()
+        return result
+
+
+def pin_current(spark: SparkSession, ledger: Ledger, table: LakeTable) -> PinnedCurrent | None:
+    """Current at its latest Delta version, with the frontier the ledger recorded before
+    that version was fixed (so the version applied at least that much); None while a
+    generation newer than current's is committed (current may be rebuilt from it)."""
+    from delta.tables import DeltaTable
+
+    before = ledger.current(table.key)
+    if before is None:
+        return None
+    version = int(DeltaTable.forPath(spark, table.current_path).history(1).select("version").collect()[0][0])
+    committed = ledger.committed(table.key)
+    if committed is None or committed.generation != before.generation:
+        return None
+    frame = spark.read.format("delta").option("versionAsOf", version).load(table.current_path)
+    return PinnedCurrent(frame.drop(*POSITION_COLUMNS), version, dict(before.frontier))
+
+
+def in_flight_keys(
+    spark: SparkSession, kafka: KafkaClients, table: LakeTable, spans: list[tuple[int, int, int]],
+    schema: TableSchema,
+) -> DataFrame | None:  # fmt: skip
+    """The keys (old and new) of every event in ``spans``, cached, decoded once; None when
+    a truncate is among them (every key is in flight then)."""
+    from pyspark.sql import functions as F
+
+    from cdc_platform.lake.changelog import read_offsets
+
+    keys = list(schema.key)
+    events = read_offsets(spark, kafka, table, spans, schema)
+    # one decoding pass: each event's old and new key, truncates marked by a null-key row
+    truncate = F.col("op") == "t"
+    images = [
+        events.select(truncate.alias("_truncate"), *[F.col(image).getField(k).alias(k) for k in keys])
+        for image in ("before", "after")
+    ]
+    marked = images[0].unionByName(images[1]).where("_truncate OR " + " OR ".join(f"`{k}` IS NOT NULL" for k in keys))
+    moved = marked.distinct().cache()
+    if moved.where("_truncate").limit(1).count():
+        moved.unpersist()
+        return None
+    return moved  # _truncate is false on every row left; joins on the keys ignore it
+
+
+def compare_rows(
+    source: DataFrame, current: DataFrame, keys: list[str], leave_out: DataFrame | None = None
+) -> RowComparison:
+    """``source`` against ``current`` (its columns; columns the source dropped are not
+    compared) by key, except the keys in ``leave_out``: a hash of every column on each
+    side, with a null marker per column so a value moved between columns is a
+    difference. Samples: 'missing'/'extra'/'differs'."""
+    from pyspark.sql import functions as F
+
+    columns = list(source.columns)
+
+    def hashed(frame: DataFrame) -> DataFrame:
+        kept = frame if leave_out is None else frame.join(leave_out, keys, "left_anti")
+        parts = [p for c in columns for p in (F.col(f"`{c}`"), F.col(f"`{c}`").isNull())]
+        return kept.select(*[f"`{k}`" for k in keys], F.xxhash64(*parts).alias("_row_hash"))
+
+    left = hashed(source).withColumnRenamed("_row_hash", "_source")
+    right = hashed(current.select(*[f"`{c}`" for c in columns])).withColumnRenamed("_row_hash", "_current")
+    joined = left.join(right, keys, "full_outer").cache()
+    try:
+        verdict = F.when(F.col("_current").isNull(), "missing").when(F.col("_source").isNull(), "extra")
+        verdict = verdict.when(F.col("_source") != F.col("_current"), "differs").otherwise("equal")
+        counts = {r["v"]: int(r["count"]) for r in joined.groupBy(verdict.alias("v")).count().collect()}
+        result = RowComparison(
+            counts.get("equal", 0) + counts.get("differs", 0),
+            counts.get("missing", 0), counts.get("extra", 0), counts.get("differs", 0),
+        )  # fmt: skip
+        for label in ("differs", "missing", "extra"):
+            if counts.get(label):
+                result.sample += key_samples(joined.where(verdict == label), keys, label)
+        return result
+    finally:
+        joined.unpersist()
+
+
+def keys_only_in(frame: DataFrame, other: DataFrame, keys: list[str], label: str) -> tuple[int, list[str]]:
+    """How many keys of ``frame`` ``other`` does not hold, with samples labelled ``label``."""
+    only = frame.select(*[f"`{k}`" for k in keys]).join(other, keys, "left_anti").cache()
+    try:
+        return only.count(), key_samples(only, keys, label)
+    finally:
+        only.unpersist()
+
+
+def key_samples(frame: DataFrame, keys: list[str], label: str) -> list[str]:
+    """Up to SAMPLE rows of ``frame`` as '<label> {"key": value, …}' for check metadata."""
+    return [f"{label} {json.dumps({k: plain_value(r[k]) for k in keys})}" for r in frame.limit(SAMPLE).collect()]
+
+
+def plain_value(value: Any) -> Any:
+    return value if isinstance(value, int | str | float | bool) or value is None else str(value)
