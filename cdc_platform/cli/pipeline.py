@@ -117,9 +117,11 @@ def verify(args: argparse.Namespace, loaded: Loaded) -> int:
 
     config = loaded.config
     tables = selected_tables(config, args.tables, not args.tables)
-    spark = get_spark_session(config.spark, "cdc_platform_verify")
+    for name in {t.source for t in tables}:  # a missing password fails now, not after Spark started
+        config.sources[name].password(name)
     kafka, ledger = KafkaClients(config.kafka), Ledger(config.lake.root)
     sources = open_sources(config, kafka)
+    spark = get_spark_session(config.spark, "cdc_platform_verify")
     deadline = time.monotonic() + args.timeout  # one timeout for every table
     verdicts = []
     for table in tables:

@@ -60,6 +60,21 @@ def test_a_missing_config_is_one_clear_error(elsewhere: Path, capsys: pytest.Cap
     assert "file not found" in capsys.readouterr().err
 
 
+def test_verify_without_a_source_password_fails_before_starting_spark(
+    elsewhere: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No Spark session (and no wait for one) to learn that a password is missing."""
+
+    def no_spark(*_args: Any) -> None:
+        raise AssertionError("Spark was started before the sources' passwords were checked")
+
+    monkeypatch.setattr("cdc_platform.lake.session.get_spark_session", no_spark)
+    monkeypatch.delenv("CDC_PG_PASSWORD", raising=False)
+    assert main(["verify", "shop.public.products", "--config", str(elsewhere)]) == 1
+    err = capsys.readouterr().err
+    assert "CDC_PG_PASSWORD is not set" in err and "export CDC_PG_PASSWORD=" in err
+
+
 def test_the_code_location_is_built_lazily_from_the_configured_path(
     elsewhere: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
