@@ -1,0 +1,158 @@
+"""Sustained rate: the highest change rate capture and the stream apply keep up with.
+
+A 100k-row table in the dev stack; capture streams it (a thread, as the long-running
+process would) and the stream apply runs continuously (``run_forever``, what
+``cdc-platform apply`` runs). A writer offers a stepped change rate: every 0.1 s one
+transaction updates ``rate / 10`` consecutive rows (one change event each). Every second
+the backlog is sampled: changes committed but not yet in Kafka (capture's), and offsets
+in Kafka that current has not applied (the apply's). A step is **kept up with** when the
+apply's backlog at the end of the step is no larger than at its first third plus one
+second of changes: it stays flat instead of growing.
+
+Floor in the same run: capture alone (the changes reach Kafka at that rate); the ratio is
+the highest rate kept up with over issue 16's target of 10 000 changes/s.
+
+Run: .venv/bin/python bench/bench_sustained.py [--rates 1000 2500 5000 10000] [--step-s 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import bench_lake
+
+from cdc_platform.config.model import ApplyConfig, ApplyEngine
+from cdc_platform.devtools.demo.workload import app_connect
+from cdc_platform.devtools.lake import Lake
+from cdc_platform.devtools.stack import profile
+from cdc_platform.lake.apply import StreamApply
+from cdc_platform.lake.session import get_spark_session
+from cdc_platform.sources import CaptureSettings, open_source
+
+bench_lake.TABLE = "bench_sustained_rows"
+ROWS = 100_000
+TARGET = 10_000
+UPDATE = f"UPDATE {bench_lake.TABLE} SET amount = amount + 1 WHERE id BETWEEN %s AND %s"
+
+
+@dataclass
+class Step:
+    rate: int
+    committed: int = 0
+    seconds: float = 0.0
+    capture_backlog: list[int] = field(default_factory=list)
+    apply_backlog: list[int] = field(default_factory=list)
+
+    @property
+    def achieved(self) -> float:
+        return self.committed / self.seconds if self.seconds else 0.0
+
+    def third(self, backlog: list[int], which: int) -> float:
+        n = max(1, len(backlog) // 3)
+        part = backlog[:n] if which == 0 else backlog[-n:]
+        return statistics.mean(part) if part else 0.0
+
+    def kept_up(self, backlog: list[int]) -> bool:
+        return self.third(backlog, -1) <= self.third(backlog, 0) + self.achieved
+
+
+class SustainedRun:
+    def __init__(self, args: argparse.Namespace, tag: str) -> None:
+        self.args = args
+        self.config = bench_lake.prepare(ROWS, tag)
+        self.table = self.config.tables[0]
+        self.lake = Lake(self.config, get_spark_session(self.config.spark.model_copy(update={"master": "local[*]"})))
+        self.committed = 0
+        self.stop = threading.Event()
+        self.engine: StreamApply | None = None
+
+    def write_step(self, step: Step) -> None:
+        """``step.rate`` changes/s for ``--step-s`` seconds, sampling the backlogs each second."""
+        per_tx = max(1, step.rate // 10)
+        started, next_sample, cursor = time.monotonic(), time.monotonic() + 1, 0
+        with app_connect(profile("dev")) as app:
+            while (now := time.monotonic()) - started < self.args.step_s:
+                low = cursor % ROWS + 1
+                high = min(ROWS, low + per_tx - 1)
+                app.execute(UPDATE, (low, high))
+                app.commit()
+                cursor += high - low + 1
+                self.committed += high - low + 1
+                step.committed += high - low + 1
+                if now >= next_sample:
+                    self.sample(step)
+                    next_sample += 1
+                time.sleep(max(0.0, 0.1 - (time.monotonic() - now)))
+        step.seconds = time.monotonic() - started
+
+    def sample(self, step: Step) -> None:
+        in_kafka = sum(self.lake.kafka.end_offsets(self.config.topic_for(self.table)).values())
+        assert self.engine is not None
+        position = self.engine.positions().get(self.table.key)
+        applied = sum(position[0].frontier.values()) if position else 0
+        step.capture_backlog.append(max(0, self.committed - in_kafka))
+        step.apply_backlog.append(max(0, in_kafka - applied))
+
+    def apply(self) -> None:
+        settings = ApplyConfig(engine=ApplyEngine.STREAM, trigger_interval_s=0.5)
+        tables = [self.lake.table(self.table.key)]
+        with StreamApply(self.lake.spark, self.lake.ledger, self.lake.kafka, tables, settings) as engine:
+            self.engine = engine
+            engine.run_forever(self.stop, lambda _applied: None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rates", type=int, nargs="+", default=[1000, 2500, 5000, 10000])
+    parser.add_argument("--step-s", type=float, default=60.0)
+    args = parser.parse_args()
+    tag = uuid.uuid4().hex[:6]
+    run = SustainedRun(args, tag)
+    capture = open_source(run.config, "shop").capture(CaptureSettings(status_interval_s=1))
+    steps: list[Step] = []
+    try:
+        open_source(run.config, "shop").capture(CaptureSettings(until_caught_up=True)).run()  # slot and topic
+        run.lake.snapshot(run.table.key, "g1")
+        threading.Thread(target=capture.run, daemon=True).start()
+        applying = threading.Thread(target=run.apply, daemon=True)
+        applying.start()
+        while run.engine is None or not run.engine.positions():
+            time.sleep(1)
+        for rate in args.rates:
+            step = Step(rate)
+            run.write_step(step)
+            steps.append(step)
+            print(describe(step), flush=True)
+    finally:
+        run.stop.set()
+        capture.stop()
+        bench_lake.cleanup(run.config, tag)
+    report(steps)
+
+
+def describe(step: Step) -> str:
+    verdict = "kept up" if step.kept_up(step.apply_backlog) else "FELL BEHIND"
+    return (
+        f"offered {step.rate:>6}/s  committed {step.achieved:8.0f}/s  capture backlog end "
+        f"{step.capture_backlog[-1] if step.capture_backlog else 0:>7}  apply backlog first third "
+        f"{step.third(step.apply_backlog, 0):9.0f}  last third {step.third(step.apply_backlog, -1):9.0f}  {verdict}"
+    )
+
+
+def report(steps: list[Step]) -> None:
+    capture_kept = [s.achieved for s in steps if s.kept_up(s.capture_backlog)]
+    apply_kept = [s.achieved for s in steps if s.kept_up(s.apply_backlog)]
+    floor, best = max(capture_kept, default=0.0), max(apply_kept, default=0.0)
+    print("\nsustained rate (one table, stream apply, 2 cores; the writer's offered rate in steps)")
+    print(f"  floor: capture keeps up with       {floor:8.0f} changes/s")
+    print(f"  the apply keeps up with            {best:8.0f} changes/s   /floor {best / max(floor, 1):.2f}   "
+          f"/target {TARGET} = {best / TARGET:.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
