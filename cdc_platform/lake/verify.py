@@ -99,8 +99,10 @@ def _fill(ctx: VerifyContext, table: LakeTable, verdict: Verdict, comparison: Ex
     verdict.source_rows, verdict.current_rows = comparison.source_rows, comparison.current_rows
     verdict.mismatches, verdict.missing, verdict.extra = rows.differing, rows.missing, rows.extra
     verdict.sample = rows.sample
+    if not rows.extra or ctx.source.capabilities.sees_hard_deletes:
+        return
     committed = ctx.ledger.committed(table.key)
-    if rows.extra and not ctx.source.capabilities.sees_hard_deletes and committed is not None:
+    if committed is not None:
         every_s = table.config.poll.reconcile_every_s() if table.config.poll else None
         verdict.deletes_pending, verdict.explanation = unseen_deletes(committed, every_s, datetime.now(UTC), rows.extra)
 
