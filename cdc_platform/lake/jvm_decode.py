@@ -22,9 +22,11 @@ non-string token to Python.
 from __future__ import annotations
 
 import json
+import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from cdc_platform.envelope.debezium import UNAVAILABLE
 from cdc_platform.envelope.encoding import ValueEncoding
@@ -34,13 +36,17 @@ from cdc_platform.model.tables import LakeColumn, TableSchema
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
-    from pyspark.sql.types import DataType
+    from pyspark.sql.types import DataType, StructType
 
 RAW_COLUMNS = ("partition", "offset", "timestamp", "timestampType", "key", "value")
 INT_RANGES = {"int16": (-(2**15), 2**15 - 1), "int32": (-(2**31), 2**31 - 1), "int64": (INT64_MIN, INT64_MAX)}
 MAX_JVM_DECIMAL_BYTES = 7  # unscaled values up to 56 bits: conv() and bigint arithmetic stay exact
 CORRUPT = "__corrupt"
 OFFSETS_PER_TASK = 20_000
+# A range ends where the topic ends (a batch reads up to the end offsets): the consumer's
+# last fetch finds nothing new and the broker holds it for fetch.max.wait.ms (500 ms by
+# default) per task. Reading a few records cost 1.2 s, with this 0.17 s.
+FETCH_MAX_WAIT_MS = 10
 JSON_OPTIONS = {
     "mode": "PERMISSIVE",
     "columnNameOfCorruptRecord": CORRUPT,
@@ -82,6 +88,7 @@ def kafka_source_options(bootstrap_servers: str, topic: str, spans: list[tuple[i
         # from the topic's earliest offsets (changelog._ensure_nothing_deleted)
         "failOnDataLoss": "false",
         "includeHeaders": "false",
+        "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
         # long ranges cut into several tasks, so every core decodes (as the Python reader does)
         "minPartitions": str(max(1, -(-sum(e - s for _, s, e in spans) // OFFSETS_PER_TASK))),
     }
@@ -109,22 +116,46 @@ def read_raw(spark: SparkSession, bootstrap_servers: str, topic: str, spans: lis
 
 def decode_raw(raw: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> DataFrame:
     """Change rows (``kafka_source.change_schema``) of raw Kafka records: decoded in Spark
-    SQL where that is exact, by the Python decoder otherwise. One pass: every row goes
-    through one Arrow hop (``mapInArrow``), where Spark SQL's rows pass untouched and the
-    others are decoded; two filtered branches would evaluate the Spark SQL twice."""
+    SQL where that is exact, by the Python decoder otherwise. One pass, for readers that do
+    not cache: every row goes through one Arrow hop (``mapInArrow``), where Spark SQL's rows
+    pass untouched and the others are decoded; two filtered branches would evaluate the
+    Spark SQL twice. (The stream apply caches ``jvm_decoded`` and sends only the records
+    Spark SQL cannot decode to ``python_decoded``: ``changelog._read_decoded``.)"""
+    out_schema = change_schema_of(schema)
+    return jvm_decoded(raw, schema, encoding).mapInArrow(
+        _python_decoder(schema.to_json(), encoding.to_option(), out_schema.json()), out_schema
+    )
+
+
+def jvm_decoded(raw: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> DataFrame:
+    """Every record decoded in Spark SQL: the change rows' columns, ``__jvm`` (whether that
+    decoding is exact) and, where it is not, what the Python decoder needs (the raw
+    record)."""
+    return _jvm_rows(raw, schema, encoding).select(*_stages(raw.sparkSession, schema, encoding)[-1])
+
+
+def python_decoded(rows: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> DataFrame:
+    """The records of ``jvm_decoded`` that Spark SQL cannot decode exactly, decoded by the
+    Python decoder in Spark's Python workers (Arrow batches), error rows included."""
     from pyspark.sql import functions as F
 
+    out_schema = change_schema_of(schema)
+    return rows.where(~F.col("__jvm")).mapInArrow(
+        _python_decoder(schema.to_json(), encoding.to_option(), out_schema.json()), out_schema
+    )
+
+
+def exact_rows(rows: DataFrame, schema: TableSchema) -> DataFrame:
+    """The records of ``jvm_decoded`` that Spark SQL decoded exactly, as change rows."""
+    from pyspark.sql import functions as F
+
+    return rows.where(F.col("__jvm")).select(*change_schema_of(schema).names)
+
+
+def change_schema_of(schema: TableSchema) -> StructType:
     from cdc_platform.lake.kafka_source import change_schema
 
-    out_schema = change_schema(row_type(schema))
-    jvm = F.col("__jvm")
-    rows = _jvm_rows(raw, schema, encoding).select(
-        *out_schema.names,
-        jvm,
-        *[F.col(c) for c in RAW_COLUMNS if c not in ("key", "value")],
-        *[F.when(~jvm, F.col(c)).alias(c) for c in ("key", "value")],  # raw bytes only where Python decodes
-    )
-    return rows.mapInArrow(_python_decoder(schema.to_json(), encoding.to_option(), out_schema.json()), out_schema)
+    return change_schema(row_type(schema))
 
 
 def _python_decoder(schema_json: str, encoding_option: str, out_schema_json: str) -> Any:
@@ -145,11 +176,40 @@ def _jvm_rows(raw: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> D
     expensive expression (a parse, a pattern, a conversion) is one column of a stage and
     later stages refer to it by name, so Spark evaluates it once per record, not once per
     reference (one flat projection parsed each envelope ten times and ran 110 patterns)."""
+    frame = raw
+    for stage in _stages(raw.sparkSession, schema, encoding)[:-1]:
+        frame = frame.select(*stage)
+    return frame
+
+
+Stage: TypeAlias = "list[Column | str]"
+_STAGES_LOCK = threading.Lock()
+_STAGES: weakref.WeakKeyDictionary[SparkSession, dict[tuple[str, str], list[Stage]]] = weakref.WeakKeyDictionary()
+
+
+def _stages(spark: SparkSession, schema: TableSchema, encoding: ValueEncoding) -> list[Stage]:
+    """The decoding's stages (each a ``select``'s columns; the last one is ``jvm_decoded``'s),
+    built once per session, table schema and encoding. Each column is a py4j call or
+    several: building them took about 0.6 s for a five-column table, on every micro-batch,
+    while the columns themselves (unresolved expressions) serve any frame of raw records."""
+    key = (schema.to_json(), encoding.to_option())
+    with _STAGES_LOCK:
+        built = _STAGES.setdefault(spark, {})
+        if key not in built:
+            built[key] = [
+                *_parsed(schema),
+                ["*", *_conversions(schema, encoding)],
+                ["*", *_assembled(schema, encoding)],
+                _row_columns(),
+                _decoded_columns(schema),
+            ]
+        return built[key]
+
+
+def _row_columns() -> Stage:
+    """The change row's columns from the assembled stage, and ``__jvm``."""
     from pyspark.sql import functions as F
 
-    parsed = _parsed(raw, schema)
-    converted = parsed.select("*", *_conversions(schema, encoding))
-    assembled = converted.select("*", *_assembled(schema, encoding))
     payload, key = F.col("__p"), F.col("key")
     is_tombstone, is_t = F.col("value").isNull(), payload["op"] == "t"
     checks = ["__lsn_ok", "__tx_ok", "__commit_ok", "__unknown_ok", "__guard"]
@@ -162,7 +222,7 @@ def _jvm_rows(raw: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> D
         F.coalesce(_envelope_ok(payload) & checks_ok, F.lit(False)) & F.col("__key_ok")
     )
     not_t = F.when(is_tombstone | is_t, F.lit(None))
-    return assembled.select(
+    return [
         *RAW_COLUMNS,
         F.coalesce(ok, F.lit(False)).alias("__jvm"),
         F.col("partition").alias("kafka_partition"),
@@ -184,10 +244,24 @@ def _jvm_rows(raw: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> D
         F.lit(None).cast("string").alias("error"),
         F.lit(None).cast("binary").alias("raw_key"),
         F.lit(None).cast("binary").alias("raw_value"),
-    )
+    ]
 
 
-def _parsed(raw: DataFrame, schema: TableSchema) -> DataFrame:
+def _decoded_columns(schema: TableSchema) -> Stage:
+    """``jvm_decoded``'s columns: the change row, ``__jvm``, and the raw record only where
+    Python decodes."""
+    from pyspark.sql import functions as F
+
+    jvm = F.col("__jvm")
+    return [
+        *change_schema_of(schema).names,
+        jvm,
+        *[F.col(c) for c in RAW_COLUMNS if c not in ("key", "value")],
+        *[F.when(~jvm, F.col(c)).alias(c) for c in ("key", "value")],  # raw bytes only where Python decodes
+    ]
+
+
+def _parsed(schema: TableSchema) -> list[Stage]:
     """Stage 1: the value parsed once (``__env``), its top-level fields (``__top``), and the
     payload (``__p``: the envelope itself, or Connect's ``payload``)."""
     from pyspark.sql import functions as F
@@ -197,13 +271,14 @@ def _parsed(raw: DataFrame, schema: TableSchema) -> DataFrame:
     parts = ("op", "source", "before", "after")
     env, top = F.col("__env"), F.col("__top")
     key_text = F.col("key").cast("string")
-    return raw.select(
+    first: Stage = [
         *RAW_COLUMNS,
         value.alias("__text"),
         envelope.alias("__env"),
         F.json_object_keys(value).alias("__top"),
         F.json_object_keys(key_text).alias("__key_top"),
-    ).select(
+    ]
+    second: Stage = [
         "*",
         F.when(wrapped_in(F.col("__key_top")), F.get_json_object(key_text, "$.payload"))
         .otherwise(key_text)
@@ -212,7 +287,8 @@ def _parsed(raw: DataFrame, schema: TableSchema) -> DataFrame:
         F.when(wrapped_in(top), F.struct(*[env["payload"][p].alias(p) for p in parts]))
         .otherwise(F.struct(*[env[p].alias(p) for p in parts]))
         .alias("__p"),
-    )
+    ]
+    return [first, second]
 
 
 def _conversions(schema: TableSchema, encoding: ValueEncoding) -> list[Column]:
