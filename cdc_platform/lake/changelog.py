@@ -10,6 +10,7 @@ source and registers the change if the table's compatibility mode allows it.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import weakref
@@ -25,7 +26,7 @@ from cdc_platform.lake.current import BatchSummary
 from cdc_platform.lake.lake_types import row_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
-from cdc_platform.model.coverage import walk
+from cdc_platform.model.coverage import holes_not_restarted, walk
 from cdc_platform.model.errors import (
     ChangelogGapError,
     DeadLetterError,
@@ -33,6 +34,7 @@ from cdc_platform.model.errors import (
     NoGenerationError,
     SchemaIncompatibleError,
 )
+from cdc_platform.model.generations import GenerationStatus
 from cdc_platform.model.tables import TableSchema
 from cdc_platform.model.windows import (
     BatchPlan,
@@ -44,6 +46,8 @@ from cdc_platform.model.windows import (
     plan_window,
     window_key,
 )
+
+log = logging.getLogger("cdc_platform.changelog")
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -515,5 +519,28 @@ def seal_day(spark: SparkSession, ledger: Ledger, table: LakeTable, day: str) ->
     dead = 0
     if DeltaTable.isDeltaTable(spark, table.dead_letters_path):
         dead = spark.read.format("delta").load(table.dead_letters_path).where(in_day).count()
-    holes = tuple(h.describe() for h in coverage.holes)
+    restarts = [g.watermark.kafka_end_offsets for g in ledger.generations(table.key).values()
+                if g.status is GenerationStatus.COMMITTED and g.watermark is not None]  # fmt: skip
+    holes = tuple(h.describe() for h in holes_not_restarted(coverage.holes, restarts))
+    compact_day(spark, table, day)
     return ChangelogDay(table.key, day, len(keys), ranges, events, dead, sealed=True, holes=holes)
+
+
+def compact_day(spark: SparkSession, table: LakeTable, day: str) -> tuple[int, int]:
+    """A sealed day's changelog partition rewritten into few files: the stream apply appends
+    a file per Kafka partition and micro-batch (thousands a day), and every Delta checkpoint
+    and every reader lists them all. A sealed day is never written again, so this is its
+    only rewrite. Returns (files removed, files added)."""
+    from delta.tables import DeltaTable
+
+    metrics = (
+        DeltaTable.forPath(spark, table.changelog_path)
+        .optimize()
+        .where(f"window_start = '{day}'")
+        .executeCompaction()
+        .select("metrics.numFilesRemoved", "metrics.numFilesAdded")
+        .first()
+    )
+    removed, added = (int(metrics[0]), int(metrics[1])) if metrics is not None else (0, 0)
+    log.info("%s: changelog day %s compacted, %d files into %d", table.key, day, removed, added)
+    return removed, added

@@ -69,6 +69,16 @@ def walk(start: Mapping[int, int], ranges: Iterable[OffsetRange]) -> Coverage:
     return Coverage(frontier, tuple(holes))
 
 
+def holes_not_restarted(holes: Iterable[Hole], restarts: Iterable[Mapping[int, int]]) -> tuple[Hole, ...]:
+    """The holes of a day's batches that no committed generation explains. A generation
+    committed during the day restarts the stream at its watermark offsets: the offsets
+    between the last batch before it and its watermark are in its snapshot, never in a
+    batch. A hole that ends exactly at a committed generation's watermark offset of its
+    partition is that restart; any other is a real hole."""
+    points = {(p, offset) for marks in restarts for p, offset in marks.items()}
+    return tuple(h for h in holes if (h.partition, h.end) not in points)
+
+
 def behind(frontier: Mapping[int, int], ends: Mapping[int, int]) -> int:
     """Offsets in Kafka (up to ``ends``) that are not below the frontier."""
     return sum(max(0, end - frontier.get(p, 0)) for p, end in ends.items())

@@ -26,6 +26,7 @@ from cdc_platform.devtools.apply_process import KILLED, ApplyProcess
 from cdc_platform.devtools.lake import Lake
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.apply import StreamApply, load_state
+from cdc_platform.lake.changelog import seal_day
 from cdc_platform.lake.crash_points import POINTS
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.schema_registry import schema_refresh
@@ -116,10 +117,36 @@ def _stream_a_mixed_workload(env: CaptureEnv, lake: Lake, keys: list[str], engin
     assert {(a.table, a.current.generation) for a in rebuilt if a.current} >= {(keys[0], "g2"), (keys[1], "g1")}
     assert_current_equals_source(lake, keys[:1], at_least=20)
     assert lake.read_current(keys[1]).collect() == lake.truth(keys[1]).collect()  # one row after the truncate
+    _sealing_a_day_compacts_it(lake, keys[0])
     for key in keys:
         _assert_each_offset_once_and_no_hole(lake, spark, key)
     assert engine.run_pass() == []  # caught up: an idle pass writes nothing
     _a_pass_reads_no_growing_ledger_table(env, lake, keys, engine)
+
+
+def _sealing_a_day_compacts_it(lake: Lake, key: str) -> None:
+    """Sealing a day (what the apply does once the UTC day is over) rewrites the day's
+    changelog partition, a file per Kafka partition and batch, into one file with exactly
+    the same rows: a year of micro-batches would otherwise leave every checkpoint and
+    reader listing millions of files."""
+    from pyspark.sql import functions as F
+
+    table, spark = lake.table(key), lake.spark
+    changelog = spark.read.format("delta").load(table.changelog_path)
+    day = changelog.groupBy("window_start").count().orderBy(F.desc("count")).first()["window_start"]
+    version = DeltaTable.forPath(spark, table.changelog_path).history(1).first()["version"]
+
+    def day_rows(at: int | None = None) -> Any:
+        reader = spark.read.format("delta")
+        reader = reader.option("versionAsOf", at) if at is not None else reader
+        return reader.load(table.changelog_path).where(F.col("window_start") == day)
+
+    files_before = len(day_rows().inputFiles())
+    sealed = seal_day(spark, lake.ledger, table, day)
+    after, before = day_rows(), day_rows(version)
+    assert files_before > 3 and len(after.inputFiles()) == 1
+    assert after.exceptAll(before).count() == 0 and before.exceptAll(after).count() == 0
+    assert sum(sealed.events.values()) == after.count() and sealed.sealed and not sealed.holes
 
 
 def _verify_while_it_streams(lake: Lake, key: str, engine: StreamApply, workload: Workload) -> list[Any]:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from cdc_platform.model.coverage import Hole, OffsetRange, behind, lost_offsets, walk
+from cdc_platform.model.coverage import Hole, OffsetRange, behind, holes_not_restarted, lost_offsets, walk
 from cdc_platform.model.errors import ChangelogGapError, WindowNotClosedError
 from cdc_platform.model.windows import (
     PartitionFacts,
@@ -49,6 +49,19 @@ def test_every_hole_is_named_but_the_frontier_stops_at_the_first() -> None:
         "partition 0: offsets 5..6 in no window",
         "partition 0: offsets 9..11 in no window",
     ]
+
+
+def test_a_day_restarted_by_a_generation_has_no_hole_but_a_real_gap_stays_one() -> None:
+    """Sealing a day: a generation committed mid-day restarts the batches at its watermark;
+    the offsets before it are in its snapshot (before: the seal reported them as holes, a
+    false alarm logged as a bug). A gap that ends anywhere else is still a hole."""
+    batches = [r(0, 0, 10), r(0, 25, 40), r(1, 0, 5), r(1, 9, 12), r(0, 50, 60)]
+    holes = walk({0: 0, 1: 0}, batches).holes
+    assert [(h.partition, h.start, h.end) for h in holes] == [(0, 10, 25), (0, 40, 50), (1, 5, 9)]
+    restarted = holes_not_restarted(holes, [{0: 25, 1: 9}])  # the generation's watermark: 25 and 9
+    assert [(h.partition, h.start, h.end) for h in restarted] == [(0, 40, 50)]
+    assert holes_not_restarted(holes, []) == holes
+    assert holes_not_restarted(holes, [{1: 25}]) == holes  # another partition's offset explains nothing
 
 
 def test_ranges_below_the_start_and_partitions_without_ranges() -> None:
