@@ -73,7 +73,7 @@ from cdc_platform.lake.changelog import (
     seal_day,
 )
 from cdc_platform.lake.crash_points import crash_point
-from cdc_platform.lake.current import CurrentResult, apply_current, apply_decoded, ensure_deletion_vectors
+from cdc_platform.lake.current import CurrentResult, apply_current, apply_decoded, ensure_table_properties
 from cdc_platform.lake.errors import classify_spark_error
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable
@@ -442,7 +442,7 @@ class StreamApply:
         """``apply_current``: rebuilds current from a new generation (or a lost table) and
         applies what the changelog covers beyond current's frontier."""
         result = apply_current(self.spark, self.ledger, table)
-        ensure_deletion_vectors(self.spark, table)  # lakes from before deletion vectors
+        ensure_table_properties(self.spark, table)  # lakes from before deletion vectors and auto compaction
         state.position = self.ledger.current(table.key)
         state.current_checked = True
         return result

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from cdc_platform.config.model import ErrorTolerance, KafkaConfig
 from cdc_platform.kafka.clients import KafkaClients, worker_options
 from cdc_platform.lake.crash_points import crash_point
-from cdc_platform.lake.current import BatchSummary
+from cdc_platform.lake.current import AUTO_COMPACT, BatchSummary
 from cdc_platform.lake.lake_types import row_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
@@ -385,7 +385,8 @@ def _write_window(
     good = frame.where(F.col("error").isNull()).drop("error", "raw_key", "raw_value", "unknown_columns")
     # mergeSchema: a column the source added (compatible change) joins the images
     writer = good.write.format("delta").option("mergeSchema", "true")
-    _write_mode(writer, window, batch, table).options(**table_options(good.schema, partition_by=("window_start",)))
+    options = {**table_options(good.schema, partition_by=("window_start",)), **AUTO_COMPACT}
+    _write_mode(writer, window, batch, table).options(**options)
     if not _done_before(spark, table, table.changelog_path, batch):
         writer.partitionBy("window_start").save(table.changelog_path)
     if (dead_count or batch is None) and not _done_before(spark, table, table.dead_letters_path, batch):

@@ -63,6 +63,13 @@ POSITION_COLUMNS = ("_cdc_commit_lsn", "_cdc_lsn")
 SNAPSHOT_COMMIT = 0
 # current's MERGEs mark replaced rows in deletion vectors instead of rewriting whole files
 DELETION_VECTORS = {"delta.enableDeletionVectors": "true"}
+# Every micro-batch's MERGE (or append) adds a small file to current, the deletes table and
+# history (its updated keys are random: their statistics prune nothing, and the next MERGE
+# scans every one), and one per Kafka partition to the changelog's day (every commit's
+# checkpoint lists them). Delta's auto compaction (a post-commit hook) rewrites a table's
+# (or a day's) small files into one once 50 (spark.databricks.delta.autoCompact.minNumFiles)
+# have piled up.
+AUTO_COMPACT = {"delta.autoOptimize.autoCompact": "true"}
 
 
 @dataclass
@@ -201,19 +208,30 @@ def streamed_position(ledger: Ledger, table: LakeTable) -> CurrentResult:
     )  # fmt: skip
 
 
-def ensure_deletion_vectors(spark: SparkSession, table: LakeTable) -> None:
-    """Current tables of older lakes (or overwritten in place) get deletion vectors too
-    (unless ``lake.deletion_vectors: false``): a table property, set once; the next MERGE
-    uses them."""
+def ensure_table_properties(spark: SparkSession, table: LakeTable) -> None:
+    """Tables of older lakes (or overwritten in place) get today's properties: current
+    deletion vectors (unless ``lake.deletion_vectors: false``), and current, the deletes
+    table, history and the changelog auto compaction. Set once each; the next commit uses
+    them."""
+    wanted = {table.current_path: {**(DELETION_VECTORS if table.deletion_vectors else {}), **AUTO_COMPACT}}
+    wanted[table.deletes_path] = wanted[table.changelog_path] = AUTO_COMPACT
+    if table.config.history:
+        wanted[table.history_path] = AUTO_COMPACT
+    for path, properties in wanted.items():
+        _ensure_properties(spark, path, properties)
+
+
+def _ensure_properties(spark: SparkSession, path: str, properties: dict[str, str]) -> None:
     from delta.tables import DeltaTable
 
-    if not table.deletion_vectors:
+    if not DeltaTable.isDeltaTable(spark, path):
         return
-    path = table.current_path
-    properties = DeltaTable.forPath(spark, path).detail().first()
-    if properties is not None and (properties["properties"] or {}).get("delta.enableDeletionVectors") == "true":
-        return
-    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    detail = DeltaTable.forPath(spark, path).detail().first()
+    have = (detail["properties"] or {}) if detail is not None else {}
+    missing = {k: v for k, v in properties.items() if have.get(k) != v}
+    if missing:
+        settings = ", ".join(f"'{k}' = '{v}'" for k, v in sorted(missing.items()))
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
 
 
 def _last_version(spark: SparkSession, path: str) -> int | None:
@@ -239,17 +257,17 @@ def _rebuild(
         F.lit(SNAPSHOT_COMMIT).cast("long").alias("_cdc_commit_lsn"),
         F.lit(watermark.position).cast("long").alias("_cdc_lsn"),
     ).write.format("delta").mode("overwrite").option("overwriteSchema", "true").options(
-        **table_options(frame.schema), **(DELETION_VECTORS if table.deletion_vectors else {})
+        **table_options(frame.schema), **(DELETION_VECTORS if table.deletion_vectors else {}), **AUTO_COMPACT
     ).save(table.current_path)
-    ensure_deletion_vectors(spark, table)
     keys = list(schema.key)
     key_schema = ", ".join(f"`{k}` {frame.schema[k].dataType.simpleString()}" for k in keys)
     deletes = spark.createDataFrame([], f"{key_schema}, _cdc_commit_lsn long, _cdc_lsn long")
     deletes.write.format("delta").mode("overwrite").option("overwriteSchema", "true").options(
-        **table_options(deletes.schema)
+        **table_options(deletes.schema), **AUTO_COMPACT
     ).save(table.deletes_path)
     if table.config.history:
         ensure_history_table(spark, table.history_path, frame.schema)
+    ensure_table_properties(spark, table)
     return CurrentPosition(committed.generation, dict(watermark.kafka_end_offsets), watermark.position), HistoryResult(
         0, 0
     )

@@ -85,8 +85,26 @@ def _assert_each_offset_once_and_no_hole(lake: Lake, spark: Any, key: str) -> No
 
 def test_the_stream_apply_keeps_current_equal_to_the_source(env: CaptureEnv, spark: Any) -> None:
     lake, keys = Lake(env.config, spark), _keys(env)
-    with _engine(env, spark) as engine:
-        _stream_a_mixed_workload(env, lake, keys, engine)
+    # auto compaction at 4 small files instead of 50: this test's batches reach it
+    spark.conf.set(MIN_FILES, "4")
+    try:
+        with _engine(env, spark) as engine:
+            _stream_a_mixed_workload(env, lake, keys, engine)
+    finally:
+        spark.conf.unset(MIN_FILES)
+    # each batch's MERGE adds a small file to current, and its append one per Kafka partition
+    # to the changelog: Delta compacted them (the rows are the source's and every offset is
+    # in the changelog once, asserted above), so file counts do not grow with the batches
+    table = lake.table(keys[0])
+    for name, path in (("current", table.current_path), ("changelog", table.changelog_path)):
+        compactions = [
+            r for r in DeltaTable.forPath(spark, path).history().collect()
+            if r["operation"] == "OPTIMIZE" and r["operationParameters"].get("auto") == "true"
+        ]  # fmt: skip
+        assert compactions, f"no auto compaction of {name}"
+
+
+MIN_FILES = "spark.databricks.delta.autoCompact.minNumFiles"
 
 
 def _stream_a_mixed_workload(env: CaptureEnv, lake: Lake, keys: list[str], engine: StreamApply) -> None:
@@ -125,10 +143,10 @@ def _stream_a_mixed_workload(env: CaptureEnv, lake: Lake, keys: list[str], engin
 
 
 def _sealing_a_day_compacts_it(lake: Lake, key: str) -> None:
-    """Sealing a day (what the apply does once the UTC day is over) rewrites the day's
-    changelog partition, a file per Kafka partition and batch, into one file with exactly
-    the same rows: a year of micro-batches would otherwise leave every checkpoint and
-    reader listing millions of files."""
+    """Sealing a day (what the apply does once the UTC day is over) leaves the day's
+    changelog partition in one file with exactly the same rows, and names no hole where a
+    generation committed that day restarted the batches (the compaction itself, from many
+    files: ``test_compacting_a_day_rewrites_only_that_day``)."""
     from pyspark.sql import functions as F
 
     table, spark = lake.table(key), lake.spark
@@ -144,7 +162,7 @@ def _sealing_a_day_compacts_it(lake: Lake, key: str) -> None:
     files_before = len(day_rows().inputFiles())
     sealed = seal_day(spark, lake.ledger, table, day)
     after, before = day_rows(), day_rows(version)
-    assert files_before > 3 and len(after.inputFiles()) == 1
+    assert files_before >= 1 and len(after.inputFiles()) == 1
     assert after.exceptAll(before).count() == 0 and before.exceptAll(after).count() == 0
     assert sum(sealed.events.values()) == after.count() and sealed.sealed and not sealed.holes
 
@@ -400,6 +418,33 @@ def test_a_re_applied_batch_finds_its_committed_append_by_the_identity_in_the_co
     assert committed_before(spark, path, f"cdc_platform.apply.{table.key}#1")
     assert not committed_before(spark, path, f"cdc_platform.apply.{table.key}#3")
     assert not committed_before(spark, str(tmp_path / "absent"), f"cdc_platform.apply.{table.key}#1")
+
+
+def test_compacting_a_day_rewrites_only_that_day(spark: Any, tmp_path: Path) -> None:
+    """A sealed day's changelog partition (a file per Kafka partition and batch) becomes one
+    file with the same rows; the day still filling keeps its files."""
+    from pyspark.sql import functions as F
+
+    from cdc_platform.lake.changelog import compact_day
+
+    config = load_config_text(tmp_path)
+    table = lake_table(config, config.tables[0])
+    days = ("2026-11-25T00:00:00Z", "2026-11-26T00:00:00Z")
+    for batch in range(6):
+        rows = [(batch * 10 + i, day) for i in range(10) for day in days]
+        frame = spark.createDataFrame(rows, "kafka_offset long, window_start string").repartition(3)
+        frame.write.format("delta").mode("append").partitionBy("window_start").save(table.changelog_path)
+
+    def files(day: str) -> int:
+        frame = spark.read.format("delta").load(table.changelog_path).where(F.col("window_start") == day)
+        return len(frame.inputFiles())
+
+    before = {day: files(day) for day in days}
+    rows_before = spark.read.format("delta").load(table.changelog_path).collect()
+    removed, added = compact_day(spark, table, days[0])
+    assert before[days[0]] >= 6 and (removed, added) == (before[days[0]], 1)
+    assert files(days[0]) == 1 and files(days[1]) == before[days[1]]
+    assert sorted(spark.read.format("delta").load(table.changelog_path).collect()) == sorted(rows_before)
 
 
 def load_config_text(tmp_path: Path) -> Any:
