@@ -229,7 +229,7 @@ def _read_decoded(
     """The window's records decoded and cached, with what one pass over them found. In the
     JVM, the records Spark SQL decodes exactly are cached as they come out of it, and only
     the others (usually none) go through the Python decoder: the common batch never leaves
-    the JVM (one Arrow hop for every row cost about a fifth of the decoding)."""
+    the JVM (the pass-through Arrow hop of ``decode_raw`` is for readers that do not cache)."""
     from pyspark.sql import functions as F
 
     if not decodes_in_jvm(table, kafka.kafka):

@@ -323,9 +323,10 @@ def test_a_batch_whose_records_retention_deleted_is_a_gap_not_a_silent_loss(
 
 def test_a_lake_built_by_windows_goes_on_in_the_stream_with_deletion_vectors(env: CaptureEnv, spark: Any) -> None:
     """Existing lakes: a source that was applied by window runs into a current without
-    deletion vectors (as before they existed) is switched to the stream: the apply
-    continues at the windows' recorded frontier, gives current deletion vectors, and
-    current equals the source with every offset in the changelog once."""
+    deletion vectors or auto compaction (as before they existed) is switched to the stream:
+    the apply continues at the windows' recorded frontier, gives current deletion vectors
+    and its tables auto compaction, and current equals the source with every offset in
+    the changelog once."""
     from datetime import timedelta
 
     from delta.tables import DeltaTable
@@ -349,16 +350,27 @@ def test_a_lake_built_by_windows_goes_on_in_the_stream_with_deletion_vectors(env
         assert old.window(key, start, end).rows > 0
         old.current(key)
 
-    def deletion_vectors(key: str) -> bool:
-        detail = DeltaTable.forPath(spark, old.table(key).current_path).detail().first()
+    def properties(path: str) -> dict[str, str]:
+        detail = DeltaTable.forPath(spark, path).detail().first()
         assert detail is not None
-        return (detail["properties"] or {}).get("delta.enableDeletionVectors") == "true"
+        return dict(detail["properties"] or {})
 
+    def deletion_vectors(key: str) -> bool:
+        return properties(old.table(key).current_path).get("delta.enableDeletionVectors") == "true"
+
+    def compacted_paths(key: str) -> list[str]:
+        table = old.table(key)
+        return [table.current_path, table.changelog_path, table.deletes_path]
+
+    for path in [p for key in keys for p in compacted_paths(key)]:  # as lakes from before auto compaction
+        spark.sql(f"ALTER TABLE delta.`{path}` UNSET TBLPROPERTIES IF EXISTS ('delta.autoOptimize.autoCompact')")
     assert not any(deletion_vectors(key) for key in keys)
     _changes(env, seed=5, first_id=9000)  # more changes after the switch
     env.run_until_caught_up()
     assert _apply(env, "--once") == 0
     assert all(deletion_vectors(key) for key in keys)
+    auto_compact = [properties(p).get("delta.autoOptimize.autoCompact") for key in keys for p in compacted_paths(key)]
+    assert auto_compact == ["true"] * len(auto_compact)
     lake = Lake(env.config, spark)
     assert_current_equals_source(lake, keys, at_least=20)
     for key in keys:
