@@ -121,10 +121,7 @@ def decode_raw(raw: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> 
     pass untouched and the others are decoded; two filtered branches would evaluate the
     Spark SQL twice. (The stream apply caches ``jvm_decoded`` and sends only the records
     Spark SQL cannot decode to ``python_decoded``: ``changelog._read_decoded``.)"""
-    out_schema = change_schema_of(schema)
-    return jvm_decoded(raw, schema, encoding).mapInArrow(
-        _python_decoder(schema.to_json(), encoding.to_option(), out_schema.json()), out_schema
-    )
+    return _through_python(jvm_decoded(raw, schema, encoding), schema, encoding)
 
 
 def jvm_decoded(raw: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> DataFrame:
@@ -139,10 +136,13 @@ def python_decoded(rows: DataFrame, schema: TableSchema, encoding: ValueEncoding
     Python decoder in Spark's Python workers (Arrow batches), error rows included."""
     from pyspark.sql import functions as F
 
+    return _through_python(rows.where(~F.col("__jvm")), schema, encoding)
+
+
+def _through_python(rows: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> DataFrame:
+    """``jvm_decoded`` rows through the Python decoder: ``__jvm`` rows pass, the others are decoded."""
     out_schema = change_schema_of(schema)
-    return rows.where(~F.col("__jvm")).mapInArrow(
-        _python_decoder(schema.to_json(), encoding.to_option(), out_schema.json()), out_schema
-    )
+    return rows.mapInArrow(_python_decoder(schema.to_json(), encoding.to_option(), out_schema.json()), out_schema)
 
 
 def exact_rows(rows: DataFrame, schema: TableSchema) -> DataFrame:
