@@ -268,7 +268,7 @@ def _reconcile(
     decoding the in-flight span, capped by ``completeness.max_in_flight_offsets``. True
     when the producer confirmed a source position taken after the read."""
     cap = table.config.completeness.max_in_flight_offsets
-    result = compare_at_one_read(spark, ledger, source, kafka, table, CAPTURE_WAIT_S, cap)
+    result = compare_at_one_read(spark, ledger, source, kafka, table, CAPTURE_WAIT_S, cap, stop_when_unread=True)
     report.in_flight_offsets, report.in_flight_keys = result.in_flight_offsets, result.in_flight_keys
     if result.rows is None:
         report.compare_note = result.note

@@ -83,13 +83,14 @@ class PinnedCurrent:
 
 def compare_at_one_read(
     spark: SparkSession, ledger: Ledger, source: Source, kafka: KafkaClients, table: LakeTable,
-    capture_wait_s: float, max_in_flight_offsets: int | None = None,
+    capture_wait_s: float, max_in_flight_offsets: int | None = None, stop_when_unread: bool = False,
 ) -> ExactComparison:  # fmt: skip
     """Current against one consistent read of the source (the module's steps); the
-    in-flight span is decoded only up to ``max_in_flight_offsets`` (None: no cap)."""
+    in-flight span is decoded only up to ``max_in_flight_offsets`` (None: no cap);
+    ``stop_when_unread``: see ``Source.wait_until_captured``."""
     with scratch_copy(spark, source, kafka, table, "compare") as (truth, plan):
         after_read = source.position()
-        if why := source.wait_until_captured(after_read, time.monotonic() + capture_wait_s):
+        if why := source.wait_until_captured(after_read, time.monotonic() + capture_wait_s, stop_when_unread):
             return ExactComparison(note=f"not compared: {why}", confirmed=False)
         pinned = pin_current(spark, ledger, table)
         if pinned is None:

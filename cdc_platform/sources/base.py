@@ -175,6 +175,8 @@ class Source(ABC):
         return "its producer does not capture this table"
 
     @abstractmethod
-    def wait_until_captured(self, position: int, deadline: float) -> str:
+    def wait_until_captured(self, position: int, deadline: float, stop_when_unread: bool = False) -> str:
         """Wait until every change before ``position`` is in Kafka: '' when it is, else
-        why not, with the advice that fits this source."""
+        why not, with the advice that fits this source. ``stop_when_unread``: give up early
+        when the source can tell that nothing reads its changes (a check's evaluation wants a
+        prompt answer; ``verify`` waits its whole deadline for a capture that restarts)."""

@@ -105,6 +105,13 @@ def test_completeness_finds_holes_and_lost_rows(env: CaptureEnv, spark: Any) -> 
         report = lake.completeness(key)
     assert not report.passed and report.compared and (report.missing, report.extra, report.differing) == (1, 0, 0)
     assert report.sample == ['missing {"id": 7}']
+    # capture stopped and a change behind the slot: no process reads the slot, so the check
+    # says so at once instead of waiting out its deadline for a confirmation nothing sends
+    with env.app() as app:
+        app.execute("UPDATE items SET body = 'after capture' WHERE id = 1")
+    report = lake.completeness(key)
+    assert not report.compared
+    assert "read by no process" in report.compare_note and "is capture running?" in report.compare_note
 
 
 def test_completeness_reaches_a_verdict_on_a_table_that_never_stops_changing(env: CaptureEnv, spark: Any) -> None:

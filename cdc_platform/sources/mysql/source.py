@@ -107,8 +107,9 @@ class MysqlConnector(Source):
     def signals(self) -> Iterator[Signal]:
         return iter(())
 
-    def wait_until_captured(self, position: int, deadline: float) -> str:
-        """A poll that began after ``position`` read the table to the end."""
+    def wait_until_captured(self, position: int, deadline: float, stop_when_unread: bool = False) -> str:
+        """A poll that began after ``position`` read the table to the end (a poller leaves no
+        sign of running between polls, so ``stop_when_unread`` changes nothing)."""
         while True:
             cursors = self.stored_cursors()
             tables = [t.key for t in self.endpoint.tables]

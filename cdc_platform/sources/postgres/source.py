@@ -41,6 +41,9 @@ from cdc_platform.sources.postgres.stream import PostgresCapture, PostgresEndpoi
 # Tables estimated above this are not count(*)-ed on every observation.
 EXACT_COUNT_LIMIT = 5_000_000
 WAIT_POLL_S = 1.0
+# a capture (or Debezium task) restarting reconnects to its slot within this; a slot without a
+# reader for longer is not being read, and will not confirm a position however long one waits
+UNREAD_SLOT_GRACE_S = 4.0
 
 
 class PostgresConnector(Source):
@@ -163,17 +166,27 @@ class PostgresConnector(Source):
     def unfed_cause(self, table: TableConfig) -> str:
         return unfed_cause(self.endpoint, f"{table.schema_name}.{table.table_name}")
 
-    def wait_until_captured(self, position: int, deadline: float) -> str:
+    def wait_until_captured(self, position: int, deadline: float, stop_when_unread: bool = False) -> str:
+        """Up to ``deadline``; with ``stop_when_unread`` also until the slot has had no reader
+        for ``UNREAD_SLOT_GRACE_S``: a slot nobody reads confirms nothing, however long one waits."""
+        unread_since: float | None = None
         with self.endpoint.connect("verify") as conn:
             while True:
                 slot = read_slot(conn, self.endpoint.slot)
                 confirmed = slot.confirmed if slot else 0
                 if confirmed >= position:
                     return ""
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if slot is not None and slot.active_pid is not None:
+                    unread_since = None
+                elif unread_since is None:
+                    unread_since = now
+                unread = stop_when_unread and unread_since is not None and now - unread_since >= UNREAD_SLOT_GRACE_S
+                if unread or now > deadline:
+                    reader = "read by no process" if unread else "being read"
                     return (
                         f"capture has not confirmed {format_lsn(position)} (slot {self.endpoint.slot} at "
-                        f"{format_lsn(confirmed)}); {start_producer_advice(self.endpoint)}"
+                        f"{format_lsn(confirmed)}, {reader}); {start_producer_advice(self.endpoint)}"
                     )
                 time.sleep(WAIT_POLL_S)
 
