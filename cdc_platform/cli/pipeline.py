@@ -20,6 +20,12 @@ def register(sub: Any) -> None:
     _table_arguments(snap)
     snap.add_argument("--if-missing", action="store_true", help="only tables without a committed generation")
     snap.add_argument("--reason", default="manual", help="recorded in the run's tags (cdc/reason)")
+    snap.add_argument(
+        "--resume",
+        action="store_true",
+        help="run each table's interrupted generation again (snapshot.mode: incremental): its chunks already "
+        "written are not read again",
+    )
     command(snap, snapshot)
 
     reh = sub.add_parser("rehydrate", help="a new snapshot generation, then current rebuilt from it (reason manual)")
@@ -73,7 +79,8 @@ def snapshot(args: argparse.Namespace, loaded: Loaded) -> int:
 
     tables = selected_tables(loaded.config, args.tables, args.all)
     failed = 0
-    for run in start_generations(loaded.path, tables, reason=args.reason, if_missing=args.if_missing):
+    runs = start_generations(loaded.path, tables, reason=args.reason, if_missing=args.if_missing, resume=args.resume)
+    for run in runs:
         state = f"{run.rows} rows" if run.success else "FAILED (see the run in the Dagster UI)"
         print(f"{run.table}: generation {run.generation}: {state} (run {run.run_id})")
         failed += not run.success

@@ -498,6 +498,26 @@ class CompletenessConfig(_Strict):
     )
 
 
+class SnapshotMode(StrEnum):
+    """How a PostgreSQL generation reads the table (``lake/snapshot.py``, README "Snapshots")."""
+
+    INCREMENTAL = "incremental"  # chunk by chunk, each in its own short transaction: no xmin horizon held
+    EXPORTED = "exported"  # every chunk in one exported snapshot: one point in time, one long transaction
+
+
+class SnapshotConfig(_Strict):
+    mode: SnapshotMode = Field(
+        default=SnapshotMode.INCREMENTAL,
+        description="incremental (default): each key-range chunk is read in a transaction of its own, so vacuum "
+        "is never held back longer than one chunk's read; the changes replayed from the watermark make the "
+        "chunks, read at different instants, converge. exported: every chunk joins one exported snapshot (one "
+        "point in time, an exact row count; the transaction stays open for the whole read).",
+    )
+    chunk_rows: int = Field(
+        default=100_000, ge=1, description="Rows per chunk (one Spark task each); chunks are key ranges of equal size."
+    )
+
+
 class TableConfig(_Strict):
     """One captured table: ``<source>.<schema>.<table>``."""
 
@@ -516,6 +536,7 @@ class TableConfig(_Strict):
     compatibility: CompatibilityMode = CompatibilityMode.BACKWARD
     errors: ErrorsConfig = Field(default_factory=ErrorsConfig)
     completeness: CompletenessConfig = Field(default_factory=CompletenessConfig)
+    snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
     history: bool = Field(
         default=False, description="Also keep an SCD2 history table (valid_from / valid_to / is_current)."
     )

@@ -16,6 +16,7 @@ POINTS = (
     "apply.changelog_written",  # the changelog append committed, its ranges not recorded
     "apply.recorded",  # the ranges recorded, current not merged
     "current.merged",  # current merged, its frontier not recorded
+    "snapshot.wave_written",  # a wave of a chunked generation appended, its chunks not recorded
 )
 
 

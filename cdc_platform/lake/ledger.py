@@ -12,7 +12,9 @@ Append-only Delta tables under ``<lake>/_ledger/``, read and written with delta-
 * ``feeds`` — readings of the source's rows-written counter and the topic's end offsets
   (``model.feeds``: is the topic fed?);
 * ``batches`` — the stream apply's micro-batches, planned before their data is written;
-* ``leases`` — who applies a source (``model.leases``: one stream apply per source).
+* ``leases`` — who applies a source (``model.leases``: one stream apply per source);
+* ``chunks`` — an incremental generation's plan and the chunks it has written
+  (``model.chunks``: a generation run again resumes after them).
 
 Appends only, so concurrent writers never lose each other (a commit that loses a race,
 e.g. two writers creating a table at once, is written again): the state is the fold of the rows
@@ -36,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_platform.model.chunks import ChunkPlan, ChunkProgress
 from cdc_platform.model.coverage import OffsetRange
 from cdc_platform.model.errors import RetriableError
 from cdc_platform.model.feeds import FeedObservation
@@ -93,6 +96,11 @@ SCHEMAS: dict[str, pa.Schema] = {
         [("scope", pa.string()), ("holder", pa.string()), ("host", pa.string()), ("pid", pa.int64()),
          ("state", pa.string()), ("at", _TS)]
     ),
+    # kind 'plan' (chunk -1, the plan's JSON in ``plan``) or 'written' (one row per chunk)
+    "chunks": pa.schema(
+        [("table", pa.string()), ("generation", pa.string()), ("kind", pa.string()), ("chunk", pa.int32()),
+         ("plan", pa.string()), ("at", _TS)]
+    ),
 }  # fmt: skip
 
 
@@ -130,6 +138,27 @@ class Ledger:
         from cdc_platform.model.generations import latest_committed
 
         return latest_committed(self.generations(table).values())
+
+    # ------------------------------------------------------------ chunked generations
+
+    def plan_chunks(self, table: str, plan: ChunkPlan) -> None:
+        now = datetime.now(UTC)
+        self._append("chunks", [_chunk_row(table, plan.generation, "plan", -1, plan.to_json(), now)])
+
+    def record_chunks_written(self, table: str, generation: str, chunks: Iterable[int]) -> None:
+        now = datetime.now(UTC)
+        self._append("chunks", [_chunk_row(table, generation, "written", c, None, now) for c in chunks])
+
+    def chunk_progress(self, table: str, generation: str) -> ChunkProgress:
+        """The generation's latest plan and the chunks written under it (a plan made again,
+        after the source table's shape changed, starts its progress over)."""
+        rows = sorted((r for r in self._rows("chunks", table) if r["generation"] == generation), key=lambda r: r["at"])
+        plans = [r for r in rows if r["kind"] == "plan"]
+        if not plans:
+            return ChunkProgress(None)
+        latest = plans[-1]
+        written = {int(r["chunk"]) for r in rows if r["kind"] == "written" and r["at"] >= latest["at"]}
+        return ChunkProgress(ChunkPlan.from_json(generation, latest["plan"]), frozenset(written))
 
     # ------------------------------------------------------------ changelog windows
 
@@ -392,6 +421,10 @@ def _generation_event(row: dict[str, Any]) -> GenerationEvent:
         schema_json=row["schema"] or "",
         detail=row["detail"] or "",
     )
+
+
+def _chunk_row(table: str, generation: str, kind: str, chunk: int, plan: str | None, at: datetime) -> dict[str, Any]:
+    return {"table": table, "generation": generation, "kind": kind, "chunk": chunk, "plan": plan, "at": at}
 
 
 def _windows_of(rows: Iterable[dict[str, Any]]) -> dict[str, tuple[WindowRange, ...]]:

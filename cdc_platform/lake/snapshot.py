@@ -17,15 +17,18 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from cdc_platform.config.model import SnapshotMode
 from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.lake.crash_points import crash_point
 from cdc_platform.lake.errors import VALUE_REFUSED, classify_spark_error
 from cdc_platform.lake.lake_types import lake_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
+from cdc_platform.model.chunks import ChunkPlan, ChunkProgress, progress_line
 from cdc_platform.model.errors import CdcError, GenerationRejectedError
 from cdc_platform.model.generations import GenerationEvent, GenerationStatus, Watermark
 from cdc_platform.model.state import SchemaRecord
@@ -37,6 +40,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("cdc_platform.snapshot")
 
 PROGRESS_INTERVAL_S = 10.0
+# chunks per wave (one Delta commit and one ledger record each), per Spark core: enough tasks
+# to keep every core busy through a wave's stragglers, few enough that a crash loses little
+WAVE_TASKS_PER_CORE = 4
+WAVE_METADATA = "cdc_platform wave "  # each wave's commit says which it is (userMetadata)
 
 
 @dataclass
@@ -55,6 +62,7 @@ class SnapshotResult:
     columns: list[tuple[str, str]] = field(default_factory=list)  # (name, lake type)
     schema_json: str = ""  # the resolved TableSchema the generation was read with
     source_note: str | None = None  # what the source prepared for this generation
+    consistent: bool = True  # one exported snapshot for every chunk (else each chunk its own transaction)
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,7 @@ def take_generation(
     ledger.record_generation(event)
     try:
         note = source.prepare_generation(request.reason)
-        result = _write_generation(spark, source, kafka, table, request.generation, log_progress)
+        result = _write_generation(spark, ledger, source, kafka, table, request.generation, log_progress)
         result.source_note = note
     except BaseException as exc:
         error = exc if isinstance(exc, CdcError) else classify_spark_error(exc, f"snapshot of {table.key}")
@@ -114,29 +122,37 @@ def _fingerprint(schema_json: str) -> str:
 
 
 def _write_generation(
-    spark: SparkSession, source: Source, kafka: KafkaClients, table: LakeTable, generation: str,
+    spark: SparkSession, ledger: Ledger, source: Source, kafka: KafkaClients, table: LakeTable, generation: str,
     log_progress: Callable[[str], None],
 ) -> SnapshotResult:  # fmt: skip
     started = time.monotonic()
     path = table.snapshot_path(generation)
     max_partitions = max(1, spark.sparkContext.defaultParallelism * 2)
-    with source.snapshot(table.config, kafka, table.topic, max_partitions) as plan:
+    consistent = table.config.snapshot.mode == SnapshotMode.EXPORTED
+    chunked = not consistent and source.capabilities.resumable_snapshots
+    progress = ledger.chunk_progress(table.key, generation) if chunked else ChunkProgress(None)
+    with source.snapshot(table.config, kafka, table.topic, max_partitions, consistent, progress.plan) as plan:
         position = source.format_position(plan.watermark.position)
         log_progress(
             f"{table.key}: snapshot {generation}: {plan.source_rows} rows at watermark {position}, "
-            f"{len(plan.read.predicates)} Spark partition(s)"
+            f"{len(plan.read.predicates)} chunk(s), "
+            f"{'one exported snapshot' if plan.consistent else 'each chunk in its own transaction'}"
+            + (f", resumed with {len(progress.written)} chunk(s) written before" if plan.resumed else "")
         )
-        with SparkProgress(spark, f"{table.key}: snapshot {generation}", plan.source_rows, log_progress):
-            frame = read_plan(spark, plan)
-            frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").options(
-                **table_options(frame.schema)
-            ).save(path)
-    rows = validate(spark, path, plan, source.capabilities.exact_snapshot_count)
+        if chunked:
+            _write_waves(spark, ledger, table, generation, plan, progress, log_progress)
+        else:
+            with SparkProgress(spark, f"{table.key}: snapshot {generation}", plan.source_rows, log_progress):
+                frame = read_plan(spark, plan)
+                frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").options(
+                    **table_options(frame.schema)
+                ).save(path)
+    rows = validate(spark, path, plan, source.capabilities.exact_snapshot_count and plan.consistent)
     result = SnapshotResult(
         generation, path, rows, plan.source_rows, table_bytes(spark, path), plan.watermark, position,
         round(time.monotonic() - started, 3), plan.schema_hash, len(plan.read.predicates), plan.schema.key,
         [(c.name, lake_type(c.pgtype, c.typmod, c.dims).simpleString()) for c in plan.schema.columns],
-        plan.schema.to_json(),
+        plan.schema.to_json(), consistent=plan.consistent,
     )  # fmt: skip
     log_progress(
         f"{table.key}: snapshot {generation}: wrote {rows} rows ({result.bytes} bytes) in {result.duration_s} s"
@@ -144,9 +160,69 @@ def _write_generation(
     return result
 
 
+def _write_waves(
+    spark: SparkSession, ledger: Ledger, table: LakeTable, generation: str, plan: SnapshotPlan,
+    progress: ChunkProgress, log_progress: Callable[[str], None],
+) -> None:  # fmt: skip
+    """The plan's chunks, a wave at a time (``model.chunks``): each wave one Delta append
+    whose transaction version is the wave's number, then its chunks recorded in the
+    ledger. A new plan is recorded first and starts from an empty table; a resumed one
+    skips the chunks recorded."""
+    from delta.tables import DeltaTable
+
+    path = table.snapshot_path(generation)
+    written = set(progress.written) if plan.resumed and DeltaTable.isDeltaTable(spark, path) else set()
+    chunk_plan = progress.plan if plan.resumed and progress.plan is not None else None
+    if chunk_plan is None:
+        per_wave = max(1, spark.sparkContext.defaultParallelism * WAVE_TASKS_PER_CORE)
+        chunk_plan = ChunkPlan(
+            generation, plan.watermark, plan.schema_hash, plan.source_rows, per_wave, plan.read.predicates
+        )
+        remove_path(spark, path)  # rows of an earlier plan (the table's shape changed) are not this plan's
+        ledger.plan_chunks(table.key, chunk_plan)
+    app_id = f"cdc_platform snapshot {table.key} {generation} {chunk_plan.watermark.taken_at.isoformat()}"
+    types = {c.name: lake_type(c.pgtype, c.typmod, c.dims) for c in plan.schema.columns}
+    total, started, done_before = len(chunk_plan.predicates), time.monotonic(), len(written)
+    for number, chunks in chunk_plan.waves_left(written):
+        read = replace(plan.read, predicates=tuple(chunk_plan.predicates[c] for c in chunks))
+        frame = read_jdbc(spark, read, types)
+        frame.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", number).option(
+            "userMetadata", f"{WAVE_METADATA}{number}"
+        ).options(**table_options(frame.schema)).save(path)
+        crash_point("snapshot.wave_written")
+        ledger.record_chunks_written(table.key, generation, chunks)
+        written |= set(chunks)
+        # rows from chunks: they hold equal shares of the table as planned (no count per wave)
+        per_chunk = chunk_plan.source_rows / total
+        line = progress_line(
+            f"{table.key}: snapshot {generation}", len(written), total, round(len(written) * per_chunk),
+            chunk_plan.source_rows, time.monotonic() - started, round((len(written) - done_before) * per_chunk),
+        )  # fmt: skip
+        log_progress(line)
+    _check_waves(spark, path, table.key, chunk_plan)
+
+
+def _check_waves(spark: SparkSession, path: str, key: str, chunk_plan: ChunkPlan) -> None:
+    """Every wave of the plan must be a commit of the snapshot table: the ledger's record
+    of written chunks is only as good as the table it describes (validation cannot count
+    the rows of chunks read at different instants)."""
+    from delta.tables import DeltaTable
+
+    notes = DeltaTable.forPath(spark, path).history().select("userMetadata").collect()
+    committed = {int(n[0].removeprefix(WAVE_METADATA)) for n in notes if (n[0] or "").startswith(WAVE_METADATA)}
+    missing = sorted({n for n, _ in chunk_plan.waves()} - committed)
+    if missing:
+        raise GenerationRejectedError(
+            f"{key}: the snapshot table {path} lacks wave(s) {missing[:10]} that the ledger records as written (was "
+            "it changed while the generation ran?); the generation is not used (take a new one: cdc-platform "
+            f"rehydrate {key})"
+        )
+
+
 def validate(spark: SparkSession, path: str, plan: SnapshotPlan, exact_count: bool) -> int:
     """The generation must hold exactly what the source's state held (one MVCC snapshot:
-    the same count), or at least each key once (a source without a shared read view)."""
+    the same count), or at least each key once (a source without a shared read view, or
+    chunks each read in their own transaction)."""
     from pyspark.sql import functions as F
 
     written = spark.read.format("delta").load(path)

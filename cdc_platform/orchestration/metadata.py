@@ -63,6 +63,9 @@ def snapshot_metadata(result: SnapshotResult, reason: str, detail: str | None) -
         "bytes": dg.MetadataValue.int(result.bytes),
         "duration_s": dg.MetadataValue.float(result.duration_s),
         "spark_partitions": dg.MetadataValue.int(result.spark_partitions),
+        "snapshot_chunks": dg.MetadataValue.int(result.spark_partitions),  # one Spark task per chunk
+        "snapshot_mode": dg.MetadataValue.text("exported" if result.consistent else "incremental"),
+        "rows_per_s": dg.MetadataValue.float(round(result.rows / result.duration_s, 1) if result.duration_s else 0.0),
         "watermark_lsn": dg.MetadataValue.text(result.position),
         "watermark_lsn_int": dg.MetadataValue.int(result.watermark.position),
         "watermark_taken_at": dg.MetadataValue.text(result.watermark.taken_at.isoformat()),

@@ -11,7 +11,8 @@ import dagster as dg
 
 from cdc_platform.config.model import TableConfig
 from cdc_platform.lake.ledger import Ledger
-from cdc_platform.model.generations import GenerationEvent, GenerationStatus
+from cdc_platform.model.errors import FatalError
+from cdc_platform.model.generations import Generation, GenerationEvent, GenerationStatus
 from cdc_platform.orchestration.definitions import build_definitions
 from cdc_platform.orchestration.keys import (
     TAG_CAUSE,
@@ -38,10 +39,12 @@ class GenerationRun:
 
 def start_generations(
     config_path: str | Path, tables: list[TableConfig], reason: str, if_missing: bool = False,
-    instance: dg.DagsterInstance | None = None,
+    instance: dg.DagsterInstance | None = None, resume: bool = False,
 ) -> list[GenerationRun]:  # fmt: skip
     """A new generation (dynamic partition) per table, materialized by the table's
-    generation job. ``if_missing``: only tables without a committed generation."""
+    generation job. ``if_missing``: only tables without a committed generation.
+    ``resume``: run the table's interrupted chunked generation again instead (its
+    partition, its reason and cause); it reads only the chunks it had not written."""
     instance = instance or dg.DagsterInstance.get()
     path = str(Path(config_path).resolve())
     defs = build_definitions(path)
@@ -50,11 +53,15 @@ def start_generations(
     for table in tables:
         if if_missing and ledger.committed(table.key) is not None:
             continue
-        generation = new_generation_key()
-        cause = f"cli:{generation}"
-        ledger.record_generation(
-            GenerationEvent(table.key, generation, GenerationStatus.REQUESTED, reason=reason, cause=cause)
-        )
+        if resume:
+            interrupted = resumable_generation(ledger, table)
+            generation, reason, cause = interrupted.generation, interrupted.reason, interrupted.cause
+        else:
+            generation = new_generation_key()
+            cause = f"cli:{generation}"
+            ledger.record_generation(
+                GenerationEvent(table.key, generation, GenerationStatus.REQUESTED, reason=reason, cause=cause)
+            )
         name = generations_partitions(table).name
         assert name is not None
         instance.add_dynamic_partitions(name, [generation])
@@ -69,6 +76,20 @@ def start_generations(
         result = job.execute_in_process(instance=instance, partition_key=generation, tags=tags, raise_on_error=False)
         runs.append(GenerationRun(table.key, generation, result.success, result.run_id, _rows(result)))
     return runs
+
+
+def resumable_generation(ledger: Ledger, table: TableConfig) -> Generation:
+    """The table's last generation that planned chunks and did not commit."""
+    unfinished = [
+        g for g in ledger.generations(table.key).values()
+        if g.status is not GenerationStatus.COMMITTED and ledger.chunk_progress(table.key, g.generation).plan
+    ]  # fmt: skip
+    if not unfinished:
+        raise FatalError(
+            f"{table.key}: no interrupted chunked generation to resume (only snapshot.mode: incremental generations "
+            f"that planned their chunks resume); take a new one: cdc-platform snapshot {table.key}"
+        )
+    return max(unfinished, key=lambda g: g.order)
 
 
 def _rows(result: dg.ExecuteInProcessResult) -> int | None:

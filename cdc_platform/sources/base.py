@@ -20,6 +20,7 @@ from pydantic import SecretStr
 
 from cdc_platform.config.model import TableConfig
 from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.model.chunks import ChunkPlan
 from cdc_platform.model.generations import Watermark
 from cdc_platform.model.tables import SourceTable, TableSchema
 
@@ -33,6 +34,9 @@ class Capabilities:
     sees_hard_deletes: bool  # False for polling: rows deleted in the source linger until a reconciliation
     exact_snapshot_count: bool  # True when one snapshot holds one consistent state (its count is exact)
     kind_label: str  # 'postgres', 'mariadb', 'mysql': the UI's kind tag
+    # True when ``snapshot(consistent=False, resume=plan)`` reads a planned generation's chunks
+    # again (``snapshot.mode: incremental``): a generation run again resumes where it stopped
+    resumable_snapshots: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,10 @@ class SnapshotPlan:
     source_rows: int
     schema_hash: str
     described: SourceTable
+    # True: every part reads one state, and ``source_rows`` counts that state; False: parts
+    # read at their own instants (the watermark's replay makes them converge)
+    consistent: bool = True
+    resumed: bool = False  # the watermark and chunks are a stored plan's (``model.chunks``)
 
 
 @dataclass(frozen=True)
@@ -135,10 +143,14 @@ class Source(ABC):
 
     @abstractmethod
     def snapshot(
-        self, table: TableConfig, kafka: KafkaClients, topic: str, max_partitions: int = 4
-    ) -> AbstractContextManager[SnapshotPlan]:
-        """Take the watermark, then hold one state of the table while Spark reads it in at
-        most ``max_partitions`` parallel parts."""
+        self, table: TableConfig, kafka: KafkaClients, topic: str, max_partitions: int = 4, consistent: bool = True,
+        resume: ChunkPlan | None = None,
+    ) -> AbstractContextManager[SnapshotPlan]:  # fmt: skip
+        """Take the watermark, then plan the parts Spark reads in parallel. ``consistent``:
+        hold one state of the table for every part (what a comparison needs); otherwise the
+        source may let each part read on its own (``snapshot.mode: incremental``). ``resume``:
+        a stored plan to read again, kept when the table's shape is still the plan's (a
+        source with ``resumable_snapshots``; the plan says ``resumed``)."""
 
     def prepare_generation(self, reason: str) -> str | None:
         """Whatever the source must do before a generation taken for ``reason`` (a new

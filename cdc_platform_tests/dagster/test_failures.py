@@ -1,6 +1,6 @@
 """Failure handling on a real instance: a fatal error fails once (no retry) with the fix
-in its message, a transient outage is retried (issue 13, bug 6), the failed generation is
-recorded as failed in the ledger, and the run-failure sensor names the table and reason."""
+in its message, the failed generation is recorded as failed in the ledger, and the
+run-failure sensor names the table and reason (a transient outage: test_retries.py)."""
 
 from __future__ import annotations
 
@@ -45,31 +45,3 @@ def test_fatal_failure_is_not_retried_and_is_reported(demo_db: Any, spark: Any, 
     assert "does not exist" in report and "fix the name in the config or create the table" in report
     [generation] = Ledger(config.lake.root).generations("shop.public.no_such_table").values()
     assert generation.status is GenerationStatus.FAILED and generation.detail.startswith("fatal: table public.no_such")
-
-
-def test_a_transient_outage_is_retried_not_fatal(demo_db: Any, spark: Any, tmp_path: Path) -> None:
-    """Bug 6: a MariaDB that cannot be reached during a generation is a retriable failure."""
-    path = tmp_path / "c.yaml"
-    path.write_text(
-        f"""sources:
-  crm: {{kind: jdbc, port: 1, database: crm, user: cdc_poll, password_env: CDC_MARIADB_PASSWORD}}
-kafka: {{bootstrap_servers: "{demo_db.kafka_bootstrap}"}}
-lake: {{root: lake}}
-tables:
-  - name: crm.crm.accounts
-    poll: {{mode: incrementing, incrementing_column: id}}
-"""
-    )
-    config = load_config(path)
-    with dg.instance_for_test() as instance:
-        [run] = start_generations(path, config.tables, reason="manual", instance=instance)
-        assert not run.success
-        retries = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_UP_FOR_RETRY)
-        failures = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
-    assert len(retries) == 3 and len(failures) == 1  # the RetryPolicy's three retries, then it gave up
-    [failure] = failures
-    assert failure.dagster_event is not None
-    data = failure.dagster_event.step_failure_data
-    assert data.user_failure_data is not None
-    assert data.user_failure_data.metadata["error_class"].value == "retriable"
-    assert "is the database up" in (data.user_failure_data.description or "")

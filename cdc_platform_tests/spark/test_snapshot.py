@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +19,7 @@ import pytest
 
 from cdc_platform.devtools.lake import Lake
 from cdc_platform.lake import snapshot as snapshot_module
-from cdc_platform.sources.postgres import snapshot as pg_snapshot_module
+from cdc_platform.lake.crash_points import ENV as CRASH_ENV
 from cdc_platform_tests.cases.pg_types import TYPE_CASES, type_cases_ddl
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 
@@ -27,8 +32,11 @@ def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
         *type_cases_ddl(),
         "CREATE TABLE events (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), n int NOT NULL)",
         "CREATE TABLE counters (id bigint PRIMARY KEY, n int NOT NULL)",
+        "CREATE TABLE tenant_rows (tenant text, n int, PRIMARY KEY (tenant, n))",
+        "CREATE TABLE keyless (code text, n int)",  # no key: a configured one, REPLICA IDENTITY FULL
+        "ALTER TABLE keyless REPLICA IDENTITY FULL",
     ]
-    yield from make_capture_env(demo_db, tmp_path, ddl, ["type_cases", "events", "counters"])
+    yield from make_capture_env(demo_db, tmp_path, ddl, ["type_cases", "events", "counters", "tenant_rows", "keyless"])
 
 
 def _lake_expected(value: Any, sqltype: str, as_text: str) -> Any:
@@ -75,7 +83,8 @@ def test_parallel_snapshot_is_one_consistent_state(
     with env.app() as app:
         app.execute("INSERT INTO events (n) SELECT g FROM generate_series(1, 3000) g")
         app.execute("INSERT INTO counters SELECT g, 0 FROM generate_series(1, 3000) g")
-    monkeypatch.setattr(pg_snapshot_module, "ROWS_PER_PARTITION", 500)  # force several partitions
+    for table in ("events", "counters"):  # one exported snapshot for every chunk; several chunks
+        env.configure_table(table, "snapshot: {mode: exported, chunk_rows: 500}")
     monkeypatch.setattr(snapshot_module, "PROGRESS_INTERVAL_S", 0.05)
     progress: list[str] = []
 
@@ -107,10 +116,207 @@ def test_parallel_snapshot_is_one_consistent_state(
     assert uuid_result.spark_partitions > 1 and counters_result.spark_partitions > 1
     # long reads report progress: tasks done of tasks, and the share of rows that represents
     assert any("Spark tasks done" in line and "rows)" in line for line in progress), progress
-    assert uuid_result.rows == uuid_result.source_rows >= 3000  # hash buckets cover every row once
+    assert uuid_result.rows == uuid_result.source_rows >= 3000  # the key chunks cover every row once
     counters = spark.read.format("delta").load(counters_result.path)
     # one transaction updates every row: a consistent snapshot sees one value across all partitions
     assert counters.select("n").distinct().count() == 1
     assert counters.count() == 3000
     assert counters_result.watermark.position > 0
     assert set(uuid_result.watermark.kafka_end_offsets) <= {0, 1, 2}
+
+
+def test_chunks_cover_every_row_once_and_stay_even_for_any_key(env: CaptureEnv, spark: Any) -> None:
+    """Key-range chunks of a uuid key, a composite key with one tenant holding 90 % of the
+    rows, an integer key with a few huge outliers (equal value ranges would put nearly every
+    row in one chunk), and a configured key on a table without one: each row in exactly one
+    chunk, every chunk within 2x of the median, and no transaction open once planned."""
+    with env.app() as app:
+        app.execute("INSERT INTO events (n) SELECT g FROM generate_series(1, 3000) g")
+        app.execute(
+            "INSERT INTO tenant_rows SELECT CASE WHEN g % 10 = 0 THEN 't' || g ELSE 'big' END, g "
+            "FROM generate_series(1, 3000) g"
+        )
+        app.execute(
+            "INSERT INTO counters SELECT CASE WHEN g <= 2990 THEN g ELSE g * 1000000000000 END, 0 "
+            "FROM generate_series(1, 3000) g"
+        )
+        app.execute("INSERT INTO keyless SELECT 'c' || g, g FROM generate_series(1, 3000) g")
+    tables = ("events", "tenant_rows", "counters", "keyless")
+    for name in tables:
+        env.configure_table(name, "snapshot: {chunk_rows: 400}")
+    env.configure_table("keyless", "primary_key: [code]")
+    lake = Lake(env.config, spark)
+    for name in tables:
+        lake_table = lake.table(f"cap.{env.schema}.{name}")
+        source = lake.source(lake_table.key)
+        with source.snapshot(lake_table.config, lake.kafka, lake_table.topic, consistent=False) as plan:
+            predicates = plan.read.predicates
+            with env.app() as app, env.admin() as admin:
+                held = _transactions_holding_a_snapshot(admin, env.schema)
+                sizes = [_count(app, f"SELECT count(*) FROM {name} WHERE {p}") for p in predicates]
+                uncovered = _count(app, f"SELECT count(*) FROM {name} WHERE NOT ({' OR '.join(predicates)})")
+        assert held == 0, name  # incremental: the plan's transaction ended before the read
+        assert (sum(sizes), uncovered) == (3000, 0), name  # covered, and no row in two chunks
+        ranges = sizes[:-1] if name == "keyless" else sizes  # a nullable key adds a chunk for NULL keys
+        median = statistics.median(ranges)
+        assert len(ranges) == 8 and max(ranges) <= 2 * median and min(ranges) * 2 >= median, (name, sizes)
+
+
+def _count(app: Any, query: str) -> int:
+    row = app.execute(query.encode()).fetchone()
+    return int(row[0])
+
+
+def _transactions_holding_a_snapshot(app: Any, schema: str) -> int:
+    """The platform's backends on this test's tables that hold an xmin horizon."""
+    row = app.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'cdc_platform%%' "
+        "AND backend_xmin IS NOT NULL AND query LIKE %s AND pid <> pg_backend_pid()",
+        (f"%{schema}%",),
+    ).fetchone()
+    return int(row[0])
+
+
+class XminWatch(threading.Thread):
+    """Samples, every 10 ms, the transactions of the platform's backends on the test's
+    schema that hold an xmin horizon: for each (pid, xact_start), when it was last seen,
+    on the database's clock."""
+
+    def __init__(self, env: CaptureEnv) -> None:
+        super().__init__(daemon=True)
+        self.env = env
+        self.last_seen: dict[tuple[int, datetime], datetime] = {}
+        self.slot_xmins: set[Any] = set()
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        with self.env.admin() as admin:  # other roles' backends show their xmin to a superuser only
+            while not self._halt.is_set():
+                rows = admin.execute(
+                    "SELECT pid, xact_start, clock_timestamp() FROM pg_stat_activity WHERE application_name LIKE "
+                    "'cdc_platform%%' AND backend_xmin IS NOT NULL AND query LIKE %s AND pid <> pg_backend_pid()",
+                    (f"%{self.env.schema}%",),
+                ).fetchall()
+                self.last_seen.update({(int(r[0]), r[1]): r[2] for r in rows})
+                slot = admin.execute("SELECT xmin FROM pg_replication_slots WHERE slot_name = %s", (self.env.slot,))
+                self.slot_xmins |= {r[0] for r in slot.fetchall()}
+                time.sleep(0.01)
+
+    def __enter__(self) -> XminWatch:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._halt.set()
+        self.join()
+
+    def longest_s(self) -> float:
+        """How long the longest transaction seen had been open when last seen."""
+        return max(((seen - started).total_seconds() for (_, started), seen in self.last_seen.items()), default=0.0)
+
+
+def _db_now(env: CaptureEnv) -> datetime:
+    with env.admin() as admin:
+        row = admin.execute("SELECT clock_timestamp()").fetchone()
+        assert row is not None
+        return row[0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("mode", ["incremental", "exported"])
+def test_an_incremental_generation_holds_no_snapshot_for_longer_than_a_chunk(
+    env: CaptureEnv, spark: Any, mode: str
+) -> None:
+    """``pg_stat_activity.backend_xmin`` while a generation of 100k rows in 50 chunks is
+    taken: incremental, no transaction of the platform stays open for a quarter of the
+    generation (the plan's and each chunk's are short); exported (the proof that the watch
+    sees a long transaction when there is one), the coordinator's spans most of it. The
+    logical slot holds no xmin in either."""
+    with env.app() as app:
+        app.execute("INSERT INTO counters SELECT g, g FROM generate_series(1, 100000) g")
+    env.configure_table("counters", f"snapshot: {{mode: {mode}, chunk_rows: 2000}}")
+    lake = Lake(env.config, spark)
+    key = f"cap.{env.schema}.counters"
+    started = _db_now(env)
+    with XminWatch(env) as watch:
+        result = lake.snapshot(key, "g1")
+    took = (_db_now(env) - started).total_seconds()
+    assert result.rows == result.source_rows == 100_000 and result.spark_partitions == 50
+    if mode == "incremental":
+        assert watch.longest_s() < took / 4, (watch.longest_s(), took)
+    else:
+        assert watch.longest_s() > took / 2, (watch.longest_s(), took)
+    assert watch.slot_xmins <= {None}
+
+
+def test_a_killed_incremental_generation_resumes_without_reading_its_chunks_again(
+    env: CaptureEnv, spark: Any, tmp_path: Path
+) -> None:
+    """``cdc-platform snapshot`` cut right after its first wave's commit (before the ledger
+    records it), then ``--resume`` SIGKILLed once half of the chunks are recorded, then
+    ``--resume`` again: each wave of the plan is committed exactly once (no run read a
+    recorded wave again, and the unrecorded first wave was skipped by Delta as a commit it
+    already holds), the generation commits under its own name with the source's rows."""
+    with env.app() as app:
+        app.execute("INSERT INTO counters SELECT g, g FROM generate_series(1, 60000) g")
+    env.configure_table("counters", "snapshot: {chunk_rows: 1000}")
+    key = f"cap.{env.schema}.counters"
+    lake = Lake(env.config, spark)
+    (tmp_path / "home").mkdir()
+    cli = [str(Path(sys.executable).parent / "cdc-platform"), "--config", str(env.config_path), "snapshot", key]
+    run_env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home")}
+
+    cut = subprocess.run(
+        cli, env={**run_env, CRASH_ENV: "snapshot.wave_written"}, capture_output=True, text=True, timeout=600,
+        check=False,
+    )  # fmt: skip
+    assert cut.returncode == 137, cut.stdout[-2000:] + cut.stderr[-3000:]
+    [generation] = lake.ledger.generations(key)
+    path = lake.table(key).snapshot_path(generation)
+    assert lake.ledger.chunk_progress(key, generation).written == set() and _wave_commits(spark, path) == [0]
+
+    with (tmp_path / "killed.log").open("w") as log_file:
+        killed = subprocess.Popen(
+            [*cli, "--resume"], env=run_env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            plan, written = _when_half_written(lake, key, generation, killed)
+        finally:
+            os.killpg(killed.pid, signal.SIGKILL)
+            killed.wait()
+    before = _wave_commits(spark, path)
+    assert plan.waves_left(written) and len(before) < len(plan.waves())
+    assert lake.ledger.committed(key) is None  # the killed generation did not commit
+
+    resumed = subprocess.run([*cli, "--resume"], env=run_env, capture_output=True, text=True, timeout=600, check=False)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert f"{key}: generation {generation}: 60000 rows" in resumed.stdout
+    after = _wave_commits(spark, path)
+    assert sorted(after) == [n for n, _ in plan.waves()]  # every wave once: none read twice
+    assert after[: len(before)] == before  # the earlier runs' commits stand; the last run added the rest
+    committed = lake.ledger.committed(key)
+    assert committed is not None and committed.generation == generation and committed.rows == 60_000
+    snapshot, truth = spark.read.format("delta").load(path), lake.truth(key)
+    assert (snapshot.exceptAll(truth).count(), truth.exceptAll(snapshot).count()) == (0, 0)
+
+
+def _when_half_written(lake: Lake, key: str, generation: str, process: subprocess.Popen[Any]) -> tuple[Any, set[int]]:
+    """The generation's plan and recorded chunks once half of them are recorded."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the generation ended before half of its chunks were written"
+        progress = lake.ledger.chunk_progress(key, generation)
+        if progress.plan is not None and len(progress.written) * 2 >= len(progress.plan.predicates):
+            return progress.plan, set(progress.written)
+        time.sleep(0.1)
+    raise AssertionError("half of the chunks were not written within 300 s")
+
+
+def _wave_commits(spark: Any, path: str) -> list[int]:
+    """The wave numbers of the snapshot table's commits, oldest first."""
+    from delta.tables import DeltaTable
+
+    from cdc_platform.lake.snapshot import WAVE_METADATA
+
+    history = DeltaTable.forPath(spark, path).history().select("version", "userMetadata").collect()
+    waves = sorted((r[0], r[1]) for r in history if (r[1] or "").startswith(WAVE_METADATA))
+    return [int(note.removeprefix(WAVE_METADATA)) for _, note in waves]

@@ -194,3 +194,23 @@ def test_a_short_process_that_reads_the_ledger_exits_cleanly(tmp_path: Path) -> 
         for _ in range(8)
     ]
     assert [(r.returncode, r.stdout.strip()) for r in runs] == [(0, "2")] * 8, [r.stderr[-400:] for r in runs]
+
+
+def test_a_chunked_generation_keeps_its_plan_and_the_chunks_it_wrote(tmp_path: Path) -> None:
+    from cdc_platform.model.chunks import ChunkPlan
+
+    ledger = Ledger(str(tmp_path))
+    assert ledger.chunk_progress("s.t", "g1").plan is None
+    plan = ChunkPlan(
+        "g1", Watermark(5, {0: 3}, T0), "h1", 900, 2, ('"id" <= 10', '"id" > 10 AND "id" <= 20', '"id" > 20')
+    )
+    ledger.plan_chunks("s.t", plan)
+    ledger.record_chunks_written("s.t", "g1", (0, 1))
+    ledger.record_chunks_written("s.t", "g2", (2,))  # another generation's
+    progress = ledger.chunk_progress("s.t", "g1")
+    assert progress.plan == plan and progress.written == {0, 1}
+    assert progress.plan.waves_left(set(progress.written)) == [(1, (2,))]
+    # planned again (the table's shape changed): the chunks written under the old plan no longer count
+    replanned = ChunkPlan("g1", Watermark(8, {0: 5}, T0 + timedelta(seconds=5)), "h2", 950, 2, ("TRUE",))
+    ledger.plan_chunks("s.t", replanned)
+    assert ledger.chunk_progress("s.t", "g1") == type(progress)(replanned, frozenset())

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 from cdc_platform.config.model import TableConfig
 from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.model.chunks import ChunkPlan
 from cdc_platform.model.tables import SourceTable, TableSchema, resolve_key
 from cdc_platform.sources.base import (
     Capabilities,
@@ -81,8 +82,9 @@ class MysqlConnector(Source):
         return f"{datetime.fromtimestamp(position / 1e9, UTC).isoformat()} (poll position {position})"
 
     def snapshot(
-        self, table: TableConfig, kafka: KafkaClients, topic: str, max_partitions: int = 4
-    ) -> AbstractContextManager[SnapshotPlan]:
+        self, table: TableConfig, kafka: KafkaClients, topic: str, max_partitions: int = 4, consistent: bool = True,
+        resume: ChunkPlan | None = None,
+    ) -> AbstractContextManager[SnapshotPlan]:  # fmt: skip
         return snapshot_plan(self.endpoint, table, kafka, topic, max_partitions)
 
     def key_read(self, table: TableConfig, key: tuple[str, ...]) -> JdbcRead:

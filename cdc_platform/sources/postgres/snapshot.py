@@ -10,8 +10,15 @@ Order matters for correctness:
 2. a coordinator transaction (REPEATABLE READ) exports its MVCC snapshot, and every
    Spark JDBC partition joins it (``SET TRANSACTION SNAPSHOT``): all partitions see one
    consistent state, and the coordinator counts the rows of that same state;
-3. the read is split on the key (ranges of an integer first key column, hash buckets
-   otherwise); each column is read through an expression that keeps its value exact.
+3. the read is split into key-range chunks of equal row counts (``chunks.py``); each
+   column is read through an expression that keeps its value exact.
+
+With ``snapshot.mode: incremental`` (the default) step 2 is skipped: the plan's short
+transaction ends before the read, and each chunk is read in a transaction of its own, at
+its own instant after the watermark. Every change after the watermark is replayed over the
+generation, so each row converges to its last change whenever its chunk was read (a key
+range never loses a row to a concurrent UPDATE, see ``chunks.py``); the row count is no
+longer one state's, so validation checks each key once instead.
 """
 
 from __future__ import annotations
@@ -22,19 +29,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from cdc_platform.config.model import TableConfig
 from cdc_platform.envelope.pgtypes import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, numeric_precision_scale
 from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.model.chunks import ChunkPlan
 from cdc_platform.model.generations import Watermark
 from cdc_platform.model.tables import LakeColumn, SourceTable, TableSchema, resolve_key
 from cdc_platform.sources.base import ColumnRead, JdbcRead, SnapshotPlan
 from cdc_platform.sources.postgres.catalog import count_rows, describe_table, resolve_pg_types, table_schema
+from cdc_platform.sources.postgres.chunks import plan_chunks
 from cdc_platform.sources.postgres.slot import current_wal_position
 from cdc_platform.sources.postgres.stream import PostgresEndpoint
 
-ROWS_PER_PARTITION = 250_000
 MAX_DECIMAL_PRECISION = 38
 INTEGER_KINDS = {"int16", "int32", "int64"}
 # kinds JDBC reads exactly as they are
@@ -49,21 +56,44 @@ def quote_ident(name: str) -> str:
 
 @contextmanager
 def snapshot_plan(
-    endpoint: PostgresEndpoint, table: TableConfig, kafka: KafkaClients, topic: str, max_partitions: int
-) -> Iterator[SnapshotPlan]:
-    """Holds the coordinator's exported snapshot open while the caller reads the plan."""
+    endpoint: PostgresEndpoint, table: TableConfig, kafka: KafkaClients, topic: str, consistent: bool,
+    resume: ChunkPlan | None = None,
+) -> Iterator[SnapshotPlan]:  # fmt: skip
+    """Plans the chunks in one short REPEATABLE READ transaction; when ``consistent``, the
+    coordinator keeps it open (its exported snapshot is every chunk's) while the caller reads.
+    ``resume`` (incremental only): the stored plan's watermark and chunks, while the table
+    has the plan's shape; otherwise a new plan."""
+    if resume is not None and not consistent:
+        with endpoint.connect("snapshot") as conn:
+            described, schema = describe(conn, table)
+        if described.schema_hash() == resume.schema_hash:
+            read = jdbc_read(endpoint, described, schema, list(resume.predicates), None)
+            yield SnapshotPlan(
+                table.key, resume.watermark, schema, read, resume.source_rows, resume.schema_hash, described,
+                consistent=False, resumed=True,
+            )  # fmt: skip
+            return
     with endpoint.connect("snapshot") as coordinator:
         offsets = kafka.end_offsets(topic)  # first: see the module docstring
         watermark = Watermark(current_wal_position(coordinator), offsets, datetime.now(UTC))
+        coordinator.execute(SESSION_SQL)  # the chunk boundaries' text forms are the readers'
         coordinator.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        exported = coordinator.execute("SELECT pg_export_snapshot()").fetchone()
-        assert exported is not None
+        exported = coordinator.execute("SELECT pg_export_snapshot()").fetchone() if consistent else None
         described, schema = describe(coordinator, table)
         source_rows = count_rows(coordinator, described.schema, described.name)
-        predicates = plan_predicates(coordinator, described, schema, source_rows, max_partitions)
-        read = jdbc_read(endpoint, described, schema, predicates, str(exported[0]))
-        yield SnapshotPlan(table.key, watermark, schema, read, source_rows, described.schema_hash(), described)
-        coordinator.execute("COMMIT")
+        key_nullable = any(c.nullable for c in schema.columns if c.name in schema.key)
+        predicates = plan_chunks(
+            coordinator, described.schema, described.name, schema.key, key_nullable, source_rows,
+            table.snapshot.chunk_rows,
+        )  # fmt: skip
+        if not consistent:
+            coordinator.execute("COMMIT")  # no transaction outlives the plan: each chunk reads in its own
+        read = jdbc_read(endpoint, described, schema, predicates, str(exported[0]) if exported else None)
+        yield SnapshotPlan(
+            table.key, watermark, schema, read, source_rows, described.schema_hash(), described, consistent
+        )
+        if consistent:
+            coordinator.execute("COMMIT")
 
 
 def describe(conn: psycopg.Connection[tuple[Any, ...]], table: TableConfig) -> tuple[SourceTable, TableSchema]:
@@ -144,30 +174,3 @@ def fits_decimal(typmod: int) -> bool:
     """numeric(p,s) with p <= 38 is a Spark decimal, read exactly by JDBC; anything else is text."""
     precision_scale = numeric_precision_scale(typmod)
     return precision_scale is not None and precision_scale[0] <= MAX_DECIMAL_PRECISION
-
-
-def plan_predicates(
-    conn: psycopg.Connection[tuple[Any, ...]], described: SourceTable, schema: TableSchema, source_rows: int,
-    max_partitions: int,
-) -> list[str]:  # fmt: skip
-    """WHERE clauses splitting the table into disjoint parts that cover it."""
-    partitions = max(1, min(max_partitions, -(-source_rows // ROWS_PER_PARTITION)))
-    first = schema.key[0]
-    ident = quote_ident(first)
-    if partitions == 1:
-        return ["TRUE"]
-    column = schema.column(first)
-    if column is not None and column.pgtype.kind in INTEGER_KINDS:
-        query = sql.SQL("SELECT min({k}), max({k}) FROM {s}.{t}").format(
-            k=sql.Identifier(first), s=sql.Identifier(described.schema), t=sql.Identifier(described.name)
-        )
-        row = conn.execute(query).fetchone()
-        assert row is not None
-        low, high = int(row[0] or 0), int(row[1] or 0)
-        step = max(1, -(-(high - low + 1) // partitions))
-        return [f"{ident} >= {b} AND {ident} < {b + step}" for b in range(low, high + 1, step)]
-    # hash buckets for non-integer keys (uuid, text, …); the bigint cast avoids abs() overflow
-    return [
-        f"((hashtext({ident}::text)::bigint % {partitions}) + {partitions}) % {partitions} = {i}"
-        for i in range(partitions)
-    ]

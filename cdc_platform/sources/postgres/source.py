@@ -13,6 +13,7 @@ from psycopg import sql
 from cdc_platform.config.model import TableConfig
 from cdc_platform.envelope.lsn import format_lsn
 from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.model.chunks import ChunkPlan
 from cdc_platform.model.rehydration import signal_tables, slot_lost
 from cdc_platform.model.tables import SourceTable, TableSchema
 from cdc_platform.sources.base import (
@@ -47,7 +48,9 @@ UNREAD_SLOT_GRACE_S = 4.0
 
 
 class PostgresConnector(Source):
-    capabilities = Capabilities(sees_hard_deletes=True, exact_snapshot_count=True, kind_label="postgres")
+    capabilities = Capabilities(
+        sees_hard_deletes=True, exact_snapshot_count=True, kind_label="postgres", resumable_snapshots=True
+    )
 
     def __init__(self, endpoint: PostgresEndpoint, kafka: KafkaClients) -> None:
         self.endpoint, self.kafka = endpoint, kafka
@@ -73,9 +76,12 @@ class PostgresConnector(Source):
         return format_lsn(position)
 
     def snapshot(
-        self, table: TableConfig, kafka: KafkaClients, topic: str, max_partitions: int = 4
-    ) -> AbstractContextManager[SnapshotPlan]:
-        return snapshot_plan(self.endpoint, table, kafka, topic, max_partitions)
+        self, table: TableConfig, kafka: KafkaClients, topic: str, max_partitions: int = 4, consistent: bool = True,
+        resume: ChunkPlan | None = None,
+    ) -> AbstractContextManager[SnapshotPlan]:  # fmt: skip
+        return snapshot_plan(
+            self.endpoint, table, kafka, topic, consistent, resume
+        )  # chunks by rows, not a partition count
 
     def key_read(self, table: TableConfig, key: tuple[str, ...]) -> JdbcRead:
         described, schema = self.describe(table)

@@ -1,0 +1,78 @@
+"""A chunked generation's plan and progress, as the ledger keeps them (pure: no I/O).
+
+An incremental generation (``snapshot.mode: incremental``) is planned once: its watermark,
+the schema it reads, and its chunks (WHERE clauses over key ranges). The chunks are
+written in **waves** of ``per_wave`` chunks, one Delta commit each, tagged with the wave's
+number as the commit's transaction version: a wave re-run after a crash that followed its
+commit is skipped by Delta, never written twice. The ledger records the chunks of each
+committed wave, so a generation run again (same name) reads only the chunks not yet
+recorded, with the plan's watermark (every chunk is read after it, so the replay from it
+still converges).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from cdc_platform.model.generations import Watermark
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    generation: str
+    watermark: Watermark
+    schema_hash: str  # the source table's shape when planned: a resume with another shape starts over
+    source_rows: int  # the table's row count when planned (for progress; not validated)
+    per_wave: int
+    predicates: tuple[str, ...]
+
+    def waves(self) -> list[tuple[int, tuple[int, ...]]]:
+        """(wave number, chunk indexes), fixed by the plan: the same on every run."""
+        chunks = range(len(self.predicates))
+        return [(n, tuple(chunks[i : i + self.per_wave])) for n, i in enumerate(range(0, len(chunks), self.per_wave))]
+
+    def waves_left(self, written: set[int]) -> list[tuple[int, tuple[int, ...]]]:
+        """The waves with a chunk the ledger has not recorded as written."""
+        return [(n, chunks) for n, chunks in self.waves() if not set(chunks) <= written]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "watermark": json.loads(self.watermark.to_json()), "schema_hash": self.schema_hash,
+                "source_rows": self.source_rows, "per_wave": self.per_wave, "predicates": list(self.predicates),
+            }
+        )  # fmt: skip
+
+    @classmethod
+    def from_json(cls, generation: str, text: str) -> ChunkPlan:
+        data: dict[str, Any] = json.loads(text)
+        return cls(
+            generation, Watermark.from_json(json.dumps(data["watermark"])), str(data["schema_hash"]),
+            int(data["source_rows"]), int(data["per_wave"]), tuple(str(p) for p in data["predicates"]),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ChunkProgress:
+    """What a run of the generation finds in the ledger: its plan (None: not planned yet)
+    and the chunks already written."""
+
+    plan: ChunkPlan | None
+    written: frozenset[int] = frozenset()
+
+
+def progress_line(
+    label: str, done: int, total: int, rows_done: int, source_rows: int, elapsed_s: float, rows_this_run: int
+) -> str:
+    """Chunks done, rows, rate (of this run: a resumed run did not read the rows before it)
+    and ETA, for the run log."""
+    rate = rows_this_run / elapsed_s if elapsed_s > 0 else 0.0
+    left = max(0, source_rows - rows_done)
+    eta = f"{left / rate:.0f} s" if rate > 0 else "unknown"
+    share = done / total if total else 1.0
+    return (
+        f"{label}: {done}/{total} chunks ({share:.0%}), ~{rows_done} of ~{source_rows} rows, "
+        f"{rate:.0f} rows/s, ETA {eta}"
+    )
