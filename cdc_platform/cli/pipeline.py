@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 from cdc_platform.cli.main import CliError, Loaded, command
@@ -39,6 +38,9 @@ def register(sub: Any) -> None:
     ver = sub.add_parser("verify", help="wait until current has applied the source's position, then compare")
     ver.add_argument("tables", nargs="*", help="source.schema.table … (default: every table)")
     ver.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for capture and current, in all")
+    ver.add_argument(
+        "--parallel", type=int, default=2, help="tables verified at once (one Spark session runs them side by side)"
+    )
     ver.add_argument(
         "--rounds",
         type=int,
@@ -118,8 +120,8 @@ def verify(args: argparse.Namespace, loaded: Loaded) -> int:
     from cdc_platform.kafka.clients import KafkaClients
     from cdc_platform.lake.ledger import Ledger
     from cdc_platform.lake.session import get_spark_session
-    from cdc_platform.lake.tables import lake_table
-    from cdc_platform.lake.verify import VerifyContext, format_verdicts, verify_table
+    from cdc_platform.lake.tables import LakeTable, lake_table
+    from cdc_platform.lake.verify import VerifyContext, format_verdicts, verify_tables
     from cdc_platform.sources import open_sources
 
     config = loaded.config
@@ -129,12 +131,11 @@ def verify(args: argparse.Namespace, loaded: Loaded) -> int:
     kafka, ledger = KafkaClients(config.kafka), Ledger(config.lake.root)
     sources = open_sources(config, kafka)
     spark = get_spark_session(config.spark, "cdc_platform_verify")
-    deadline = time.monotonic() + args.timeout  # one timeout for every table
-    verdicts = []
-    for table in tables:
-        ctx = VerifyContext(spark, ledger, sources[table.source], kafka, log=lambda m: print(m, file=sys.stderr))
-        verdicts.append(
-            verify_table(ctx, lake_table(config, table), max(0.0, deadline - time.monotonic()), args.rounds)
-        )
+
+    def context(table: LakeTable) -> VerifyContext:
+        return VerifyContext(spark, ledger, sources[table.source], kafka, log=lambda m: print(m, file=sys.stderr))
+
+    lake_tables = [lake_table(config, t) for t in tables]
+    verdicts = verify_tables(context, lake_tables, args.timeout, args.rounds, args.parallel)  # one timeout for all
     print(format_verdicts(verdicts))
     return 0 if all(v.ok for v in verdicts) else 1

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from cdc_platform.lake.crash_points import APPLY_POINTS
 from cdc_platform.lake.crash_points import ENV as CRASH_POINT_ENV
-from cdc_platform.lake.crash_points import POINTS
 
 KILLED = 137  # what a crash point exits with, as a SIGKILLed process's shell status would read
 
@@ -34,8 +34,8 @@ class ApplyProcess:
     def start(self, *args: str, crash_point: str | None = None) -> None:
         """Start it, with more CLI ``args`` (``--once``); ``crash_point``: it exits with 137 the
         first time a batch reaches that step."""
-        if crash_point is not None and crash_point not in POINTS:
-            raise ValueError(f"unknown crash point {crash_point!r}; choose from {', '.join(POINTS)}")
+        if crash_point is not None and crash_point not in APPLY_POINTS:
+            raise ValueError(f"unknown crash point {crash_point!r}; choose from {', '.join(APPLY_POINTS)}")
         environment = {k: v for k, v in {**os.environ, **self.env}.items() if k != CRASH_POINT_ENV}
         if crash_point is not None:
             environment[CRASH_POINT_ENV] = crash_point

@@ -51,7 +51,7 @@ from cdc_platform.devtools.stack.stack import load_stack_env, stack_env
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import lake_table
-from cdc_platform.lake.verify import VerifyContext, verify_table
+from cdc_platform.lake.verify import VerifyContext, verify_tables
 from cdc_platform.model.generations import Generation
 from cdc_platform.sources import open_source
 from cdc_platform.sources.postgres.slot import current_wal_position, drop_slot, read_slot
@@ -417,8 +417,8 @@ tables:
             get_spark_session(config.spark), Ledger(config.lake.root), open_source(config, "shop", kafka), kafka
         )
         rows = mismatches = 0
-        for table in self.tables:
-            verdict = verify_table(ctx, lake_table(config, table), timeout_s=120, rounds=1)
+        tables = [lake_table(config, t) for t in self.tables]
+        for table, verdict in zip(self.tables, verify_tables(lambda _t: ctx, tables, 120, rounds=1), strict=True):
             rows += verdict.source_rows
             mismatches += verdict.missing + verdict.extra + verdict.mismatches
             if verdict.note:

@@ -11,13 +11,15 @@ from __future__ import annotations
 import os
 
 ENV = "CDC_FAULT_EXIT_AT"
-POINTS = (
+# the stream apply's steps, in the order a batch passes them
+APPLY_POINTS = (
     "apply.planned",  # a batch planned in the ledger, nothing written
     "apply.changelog_written",  # the changelog append committed, its ranges not recorded
     "apply.recorded",  # the ranges recorded, current not merged
     "current.merged",  # current merged, its frontier not recorded
-    "snapshot.wave_written",  # a wave of a chunked generation appended, its chunks not recorded
 )
+SNAPSHOT_POINTS = ("snapshot.wave_written",)  # a wave of a chunked generation appended, its chunks not recorded
+POINTS = APPLY_POINTS + SNAPSHOT_POINTS
 
 
 def crash_point(name: str) -> None:

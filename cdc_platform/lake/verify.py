@@ -18,7 +18,8 @@ reported as such, and pass while the table's reconciliation generation is not ov
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -66,6 +67,22 @@ class VerifyContext:
     source: Source
     kafka: KafkaClients
     log: Callable[[str], None] = lambda _msg: None
+
+
+def verify_tables(
+    contexts: Callable[[LakeTable], VerifyContext], tables: Sequence[LakeTable], timeout_s: float, rounds: int,
+    parallel: int = 2,
+) -> list[Verdict]:  # fmt: skip
+    """``verify_table`` for each table, ``parallel`` at a time, within one timeout; the
+    verdicts in the tables' order. Side by side, one table's wait for capture and its
+    source read overlap another's Spark comparison (one Spark session runs both)."""
+    deadline = time.monotonic() + timeout_s
+
+    def one(table: LakeTable) -> Verdict:
+        return verify_table(contexts(table), table, max(0.0, deadline - time.monotonic()), rounds)
+
+    with ThreadPoolExecutor(max(1, min(parallel, len(tables))), "verify") as pool:
+        return list(pool.map(one, tables))
 
 
 def verify_table(ctx: VerifyContext, table: LakeTable, timeout_s: float = 600.0, rounds: int = 3) -> Verdict:

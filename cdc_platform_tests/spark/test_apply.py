@@ -27,7 +27,7 @@ from cdc_platform.devtools.lake import Lake
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.apply import StreamApply, load_state
 from cdc_platform.lake.changelog import seal_day
-from cdc_platform.lake.crash_points import POINTS
+from cdc_platform.lake.crash_points import APPLY_POINTS
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.schema_registry import schema_refresh
 from cdc_platform.lake.tables import lake_table
@@ -242,7 +242,7 @@ def test_an_apply_cut_at_any_step_resumes_exactly(env: CaptureEnv, spark: Any) -
     for key in keys:
         lake.snapshot(key, "g1")
     # cut between every two steps of a batch: each run dies there, the next one resumes
-    for i, point in enumerate(POINTS):
+    for i, point in enumerate(APPLY_POINTS):
         _changes(env, seed=10 + i, first_id=1000 * (i + 1))
         env.run_until_caught_up()
         assert _apply(env, "--once", fault=point) == KILLED, point
