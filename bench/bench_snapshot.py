@@ -28,7 +28,7 @@ import bench_lake
 import psycopg
 
 from cdc_platform.config import PlatformConfig
-from cdc_platform.config.model import SnapshotConfig, SnapshotMode
+from cdc_platform.config.model import PostgresSource, SnapshotConfig, SnapshotMode
 from cdc_platform.devtools.lake import Lake
 from cdc_platform.lake.session import get_spark_session
 from cdc_platform.lake.snapshot import GenerationRequest, take_generation
@@ -44,7 +44,9 @@ class LongestTransaction(threading.Thread):
 
     def __init__(self, config: PlatformConfig) -> None:
         super().__init__(daemon=True)
-        self.conninfo = config.sources["shop"].conninfo("shop", "bench_watch")
+        shop = config.sources["shop"]
+        assert isinstance(shop, PostgresSource)
+        self.conninfo = shop.conninfo("shop", "bench_watch")
         self.longest_s = 0.0
         self._halt = threading.Event()
 
@@ -82,15 +84,18 @@ def generation(lake: Lake, name: str) -> tuple[float, float, int, int]:
     return elapsed, watch.longest_s, result.rows, result.spark_partitions
 
 
-def interrupted_then_resumed(lake: Lake, name: str) -> tuple[float, float]:
-    """Seconds until the interruption (half of the chunks recorded), and of the resume."""
+def interrupted_then_resumed(lake: Lake, name: str) -> tuple[float, float, float]:
+    """Seconds until the interruption (at the first wave that completes half of the
+    chunks), the share of chunks recorded then, and the seconds of the resume."""
     key = lake.config.tables[0].key
     table, source = lake.table(key), lake.source(key)
+    share = [0.0]
 
     def stop_at_half(line: str) -> None:
         if " chunks (" in line:
             done, total = line.rsplit(": ", maxsplit=1)[-1].split(" chunks", maxsplit=1)[0].split("/")
             if int(done) * 2 >= int(total):
+                share[0] = int(done) / int(total)
                 raise Interrupted(line)
 
     started = time.perf_counter()
@@ -104,7 +109,7 @@ def interrupted_then_resumed(lake: Lake, name: str) -> tuple[float, float]:
     until_interrupt = time.perf_counter() - started
     started = time.perf_counter()
     take_generation(lake.spark, lake.ledger, source, lake.kafka, table, GenerationRequest(name))
-    return until_interrupt, time.perf_counter() - started
+    return until_interrupt, share[0], time.perf_counter() - started
 
 
 def main() -> None:
@@ -124,7 +129,7 @@ def main() -> None:
         m["exported_s"], m["exported_xact_s"], m["rows"], _ = generation(exported, "exported")
         m["incremental_s"], m["incremental_xact_s"], _, chunks = generation(incremental, "incremental")
         m["chunks"] = chunks
-        m["until_interrupt_s"], m["resume_s"] = interrupted_then_resumed(incremental, "resumed")
+        m["until_interrupt_s"], m["interrupted_share"], m["resume_s"] = interrupted_then_resumed(incremental, "resumed")
     finally:
         bench_lake.cleanup(config, tag)
     report(m)
@@ -141,7 +146,8 @@ def report(m: dict[str, float]) -> None:
             f"{m['copy_s'] / seconds:.3f}   longest open transaction {m[f'{mode}_xact_s']:.2f} s"
         )
     print(
-        f"  incremental interrupted at 50 % after {m['until_interrupt_s']:.2f} s, resumed in {m['resume_s']:.2f} s "
+        f"  incremental interrupted at {m['interrupted_share']:.0%} of its chunks "
+        f"after {m['until_interrupt_s']:.2f} s, resumed in {m['resume_s']:.2f} s "
         f"(resume/whole generation = {m['resume_s'] / m['incremental_s']:.2f})"
     )
 
