@@ -167,11 +167,17 @@ def _count(app: Any, query: str) -> int:
     return int(row[0])
 
 
+# the platform's backends on a schema's tables that hold an xmin horizon (%s: '%<schema>%')
+HOLDING_XMIN = (
+    "FROM pg_stat_activity WHERE application_name LIKE 'cdc_platform%%' AND backend_xmin IS NOT NULL "
+    "AND query LIKE %s AND pid <> pg_backend_pid()"
+)
+
+
 def _transactions_holding_a_snapshot(app: Any, schema: str) -> int:
     """The platform's backends on this test's tables that hold an xmin horizon."""
     row = app.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'cdc_platform%%' "
-        "AND backend_xmin IS NOT NULL AND query LIKE %s AND pid <> pg_backend_pid()",
+        f"SELECT count(*) {HOLDING_XMIN}",
         (f"%{schema}%",),
     ).fetchone()
     return int(row[0])
@@ -193,8 +199,7 @@ class XminWatch(threading.Thread):
         with self.env.admin() as admin:  # other roles' backends show their xmin to a superuser only
             while not self._halt.is_set():
                 rows = admin.execute(
-                    "SELECT pid, xact_start, clock_timestamp() FROM pg_stat_activity WHERE application_name LIKE "
-                    "'cdc_platform%%' AND backend_xmin IS NOT NULL AND query LIKE %s AND pid <> pg_backend_pid()",
+                    f"SELECT pid, xact_start, clock_timestamp() {HOLDING_XMIN}",
                     (f"%{self.env.schema}%",),
                 ).fetchall()
                 self.last_seen.update({(int(r[0]), r[1]): r[2] for r in rows})
