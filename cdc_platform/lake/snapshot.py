@@ -259,13 +259,14 @@ def read_jdbc(spark: SparkSession, read: JdbcRead, types: dict[str, Any]) -> Dat
         **read.options,
     }
     raw = spark.read.jdbc(url=read.url, table=read.source_sql, predicates=list(read.predicates), properties=properties)
-    return raw.select(*[_convert(c.name, c.conversion, types[c.name]) for c in read.columns])
+    return raw.select(*[_convert(c.name, c.conversion, types[c.name], c.source) for c in read.columns])
 
 
-def _convert(name: str, conversion: str, lake: Any) -> Any:
+def _convert(name: str, conversion: str, lake: Any, source: str = "") -> Any:
+    """Column ``name`` of the lake from the read's column ``source`` (or ``name``)."""
     from pyspark.sql import functions as F
 
-    column = F.col(quote_spark(name))
+    column = F.col(quote_spark(source or name))
     if conversion == "json_array":
         # from_json gives NULL for an array of another depth than the lake type (PostgreSQL
         # does not enforce declared dimensions): refuse the read, never write the NULL

@@ -48,6 +48,7 @@ class ColumnRead:
     name: str
     select_sql: str
     conversion: str = "cast"
+    source: str = ""  # the read's result column holding the value, when not ``name``
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,13 @@ def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
         "CREATE TABLE tenant_rows (tenant text, n int, PRIMARY KEY (tenant, n))",
         "CREATE TABLE keyless (code text, n int)",  # no key: a configured one, REPLICA IDENTITY FULL
         "ALTER TABLE keyless REPLICA IDENTITY FULL",
+        # keys the read converts (numeric to text, an enum to text, an instant to micros)
+        "CREATE TABLE amounts (id numeric PRIMARY KEY, n int NOT NULL)",
+        "CREATE TABLE moods (mood cap_mood, n int, PRIMARY KEY (mood, n))",
+        "CREATE TABLE instants (at timestamptz PRIMARY KEY, n int NOT NULL)",
     ]
-    yield from make_capture_env(demo_db, tmp_path, ddl, ["type_cases", "events", "counters", "tenant_rows", "keyless"])
+    tables = ["type_cases", "events", "counters", "tenant_rows", "keyless", "amounts", "moods", "instants"]
+    yield from make_capture_env(demo_db, tmp_path, ddl, tables)
 
 
 def _lake_expected(value: Any, sqltype: str, as_text: str) -> Any:
@@ -160,6 +165,30 @@ def test_chunks_cover_every_row_once_and_stay_even_for_any_key(env: CaptureEnv, 
         ranges = sizes[:-1] if name == "keyless" else sizes  # a nullable key adds a chunk for NULL keys
         median = statistics.median(ranges)
         assert len(ranges) == 8 and max(ranges) <= 2 * median and min(ranges) * 2 >= median, (name, sizes)
+
+
+def test_chunks_of_keys_the_read_converts_hold_every_row_once(env: CaptureEnv, spark: Any) -> None:
+    """A key whose lake form is not its source form (numeric read as text, an enum as text,
+    timestamptz as microseconds): the chunk ranges are the source's order, so the read
+    must apply them to the source's columns. Before: they were applied to the converted
+    columns, so a numeric key compared as text and rows were silently left out (or read
+    twice), and a timestamptz key failed the read."""
+    with env.app() as app:
+        app.execute("INSERT INTO amounts SELECT g * 7.5, g FROM generate_series(1, 1200) g")
+        app.execute(
+            "INSERT INTO moods SELECT (ARRAY['happy', 'so-so', 'sad'])[1 + g % 3]::cap_mood, g "
+            "FROM generate_series(1, 1200) g"
+        )
+        app.execute("INSERT INTO instants SELECT TIMESTAMPTZ '2020-01-01' + g * INTERVAL '7 hours', g "
+                    "FROM generate_series(1, 1200) g")  # fmt: skip
+    for name in ("amounts", "moods", "instants"):
+        env.configure_table(name, "snapshot: {chunk_rows: 100}")
+    lake = Lake(env.config, spark)
+    for name in ("amounts", "moods", "instants"):
+        result = lake.snapshot(f"cap.{env.schema}.{name}", "g1")
+        assert result.spark_partitions >= 12, name
+        written = spark.read.format("delta").load(result.path)
+        assert sorted(r["n"] for r in written.select("n").collect()) == list(range(1, 1201)), name
 
 
 def _count(app: Any, query: str) -> int:

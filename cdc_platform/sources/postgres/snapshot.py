@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -110,11 +111,20 @@ def jdbc_read(
     predicates: list[str],
     snapshot_id: str | None,
 ) -> JdbcRead:
-    """Every partition's connection joins the exported snapshot (when given)."""
+    """Every partition's connection joins the exported snapshot (when given). The chunk
+    predicates name the table's own columns, and Spark applies them to the read's result
+    (``SELECT … FROM (<source_sql>) WHERE <predicate>``): so the result keeps each key
+    column as it is in the table, and a key column read through a conversion (numeric as
+    text, an instant as microseconds, …) is read under another name. Compared after the
+    conversion, a chunk's range would follow another order than the one its boundaries
+    were chosen in: rows left out, or read twice."""
     source = endpoint.config
-    columns = tuple(column_read(c) for c in schema.columns)
+    columns = tuple(_keep_key_order(column_read(c), i, schema.key) for i, c in enumerate(schema.columns))
+    raw_keys = [quote_ident(c.name) for c in columns if c.source]  # the key columns as the table has them
     source_sql = "(SELECT {} FROM {}.{}) AS snapshot_source".format(
-        ", ".join(c.select_sql for c in columns), quote_ident(described.schema), quote_ident(described.name)
+        ", ".join([*(c.select_sql for c in columns), *raw_keys]),
+        quote_ident(described.schema),
+        quote_ident(described.name),
     )
     init = SESSION_SQL
     if snapshot_id is not None:
@@ -136,6 +146,16 @@ def jdbc_read(
         columns=columns,
         options=options,
     )
+
+
+def _keep_key_order(read: ColumnRead, position: int, key: tuple[str, ...]) -> ColumnRead:
+    """A key column read through a conversion, renamed (its name is the raw column's)."""
+    ident = quote_ident(read.name)
+    if read.name not in key or read.select_sql == ident:
+        return read
+    alias = f"_cdc_read_{position}"
+    expression = read.select_sql.removesuffix(f" AS {ident}")
+    return replace(read, select_sql=f"{expression} AS {quote_ident(alias)}", source=alias)
 
 
 def column_read(column: LakeColumn) -> ColumnRead:
