@@ -23,9 +23,9 @@ fi
 # The whole suite, in two parts, so that it fits CI's budget on 2 cores. Most tests share
 # nothing (each has its own schema, slot, topics, lake and Dagster instance) and spend much
 # of their time waiting on capture, Kafka and Spark start-up: they run on two workers
-# (pytest-xdist; the Kafka Connect tests on one of them). Tests marked `serial` restart a
-# shared service or use the demo databases' fixed slot and tables: they run afterwards,
-# one at a time. The stack is started once for both parts and stopped at the end if this
+# (pytest-xdist; the Kafka Connect tests on one of them, and the tests of the demo source's
+# fixed slot and tables on one of them). Tests marked `serial` restart a shared service or
+# run the demo workload: they run afterwards, one at a time. The stack is started once for both parts and stopped at the end if this
 # script started it (the workers never stop it under each other).
 started="$($V/python - <<'PY'
 import sys
@@ -46,6 +46,6 @@ trap stop_stack EXIT
 echo "== pytest, part 1 of 2: tests that share nothing, two workers"
 rc=0
 $V/pytest -p no:cacheprovider --durations=25 -n 2 --dist loadgroup -m "not serial" || rc=$?
-echo "== pytest, part 2 of 2: serial tests (shared services and demo tables), one at a time"
+echo "== pytest, part 2 of 2: serial tests (service restarts, the demo workload), one at a time"
 $V/pytest -p no:cacheprovider --durations=10 -m serial || rc=$?
 exit $rc

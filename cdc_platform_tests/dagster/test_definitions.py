@@ -18,8 +18,9 @@ from cdc_platform.devtools.stack.postgres import LocalPostgres
 from cdc_platform.orchestration.definitions import build_definitions
 from cdc_platform_tests.conftest import REPO_ROOT, write_config
 
-# serial: the shop source's fixed slot (cdc_shop) and the demo tables, shared with the other serial files
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+# the shop source's fixed slot (cdc_shop) and the demo tables: these files take turns on one
+# worker (scripts/test.sh), and no other test touches them
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("demo_tables")]
 
 
 def _groups(defs: dg.Definitions) -> dict[str, set[str]]:

@@ -17,8 +17,9 @@ from cdc_platform.orchestration.runs import start_generations
 from cdc_platform.orchestration.sensors.failures import describe_failure
 from cdc_platform_tests.conftest import write_config
 
-# serial: the shop source's fixed slot (cdc_shop) and the demo tables, shared with the other serial files
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+# the shop source's fixed slot (cdc_shop) and the demo tables: these files take turns on one
+# worker (scripts/test.sh), and no other test touches them
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("demo_tables")]
 
 
 def test_fatal_failure_is_not_retried_and_is_reported(demo_db: Any, spark: Any, tmp_path: Path) -> None:

@@ -22,8 +22,9 @@ from cdc_platform.devtools.screenshot import capture_page
 from cdc_platform.orchestration.runs import apply_current, start_generations
 from cdc_platform_tests.conftest import REPO_ROOT, write_config
 
-# serial: the shop source's fixed slot (cdc_shop) and the demo tables, shared with the other serial files
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+# the shop source's fixed slot (cdc_shop) and the demo tables: these files take turns on one
+# worker (scripts/test.sh), and no other test touches them
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("demo_tables")]
 
 
 def _free_port() -> int:
