@@ -203,19 +203,21 @@ def _write_waves(
 
 
 def _check_waves(spark: SparkSession, path: str, key: str, chunk_plan: ChunkPlan) -> None:
-    """Every wave of the plan must be a commit of the snapshot table: the ledger's record
-    of written chunks is only as good as the table it describes (validation cannot count
-    the rows of chunks read at different instants)."""
+    """The snapshot table must be the plan's waves and nothing else: every wave a commit of
+    it, and no other commit (a DELETE, a RESTORE, an overwrite: rows the ledger records as
+    written may be gone). Validation cannot catch that, since chunks read at different
+    instants have no row count to compare with."""
     from delta.tables import DeltaTable
 
-    notes = DeltaTable.forPath(spark, path).history().select("userMetadata").collect()
-    committed = {int(n[0].removeprefix(WAVE_METADATA)) for n in notes if (n[0] or "").startswith(WAVE_METADATA)}
-    missing = sorted({n for n, _ in chunk_plan.waves()} - committed)
-    if missing:
+    history = DeltaTable.forPath(spark, path).history().select("version", "operation", "userMetadata").collect()
+    waves = {int(h[2].removeprefix(WAVE_METADATA)) for h in history if (h[2] or "").startswith(WAVE_METADATA)}
+    foreign = [f"{h[1]} at version {h[0]}" for h in history if not (h[2] or "").startswith(WAVE_METADATA)]
+    missing = sorted({n for n, _ in chunk_plan.waves()} - waves)
+    if missing or foreign:
+        found = f"lacks wave(s) {missing[:10]}" if missing else f"was changed ({', '.join(sorted(foreign)[:5])})"
         raise GenerationRejectedError(
-            f"{key}: the snapshot table {path} lacks wave(s) {missing[:10]} that the ledger records as written (was "
-            "it changed while the generation ran?); the generation is not used (take a new one: cdc-platform "
-            f"rehydrate {key})"
+            f"{key}: the snapshot table {path} {found} while the generation ran, so rows the ledger records as "
+            f"written may be missing; the generation is not used (take a new one: cdc-platform rehydrate {key})"
         )
 
 

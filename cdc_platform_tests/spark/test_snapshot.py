@@ -333,6 +333,47 @@ def test_a_killed_incremental_generation_resumes_without_reading_its_chunks_agai
     assert (snapshot.exceptAll(truth).count(), truth.exceptAll(snapshot).count()) == (0, 0)
 
 
+class Interrupted(Exception):
+    """Stands in for a run killed between two waves."""
+
+
+def test_a_snapshot_table_changed_between_runs_is_not_resumed_into_a_generation(env: CaptureEnv, spark: Any) -> None:
+    """A generation interrupted after its first wave, its snapshot table then changed (rows
+    deleted by hand, or by a tool): the ledger still records the first wave's chunks as
+    written, but the table no longer holds them. Resuming must not commit a
+    generation without those rows (validation cannot count the rows of chunks read at
+    different instants): it is rejected, naming what changed the table. Before: the
+    waves' commits were still in the table's history, so the check passed and the
+    generation committed without the first wave's rows."""
+    from delta.tables import DeltaTable
+
+    from cdc_platform.lake.snapshot import GenerationRequest, take_generation
+    from cdc_platform.model.errors import CdcError, GenerationRejectedError
+
+    with env.app() as app:
+        app.execute("INSERT INTO counters SELECT g, g FROM generate_series(1, 6000) g")
+    env.configure_table("counters", "snapshot: {chunk_rows: 300}")  # 20 chunks: waves of 8 on 2 cores
+    key = f"cap.{env.schema}.counters"
+    lake = Lake(env.config, spark)
+    table, request = lake.table(key), GenerationRequest("g1")
+
+    def interrupt_after_a_wave(line: str) -> None:
+        if " chunks" in line and "ETA" in line:
+            raise Interrupted(line)
+
+    def generation(progress: Any) -> Any:
+        return take_generation(spark, lake.ledger, lake.source(key), lake.kafka, table, request, progress)
+
+    with pytest.raises(CdcError):
+        generation(interrupt_after_a_wave)
+    path = table.snapshot_path("g1")
+    assert lake.ledger.chunk_progress(key, "g1").written and _wave_commits(spark, path) == [0]
+    DeltaTable.forPath(spark, path).delete("n % 2 = 0")
+    with pytest.raises(GenerationRejectedError, match="DELETE"):
+        generation(lambda _line: None)
+    assert lake.ledger.committed(key) is None
+
+
 def _when_half_written(lake: Lake, key: str, generation: str, process: subprocess.Popen[Any]) -> tuple[Any, set[int]]:
     """The generation's plan and recorded chunks once half of them are recorded."""
     deadline = time.monotonic() + 300
