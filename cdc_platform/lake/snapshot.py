@@ -28,7 +28,7 @@ from cdc_platform.lake.errors import VALUE_REFUSED, classify_spark_error
 from cdc_platform.lake.lake_types import lake_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
-from cdc_platform.model.chunks import ChunkPlan, ChunkProgress, progress_line
+from cdc_platform.model.chunks import ChunkPlan, ChunkProgress, WaveProgress
 from cdc_platform.model.errors import CdcError, GenerationRejectedError
 from cdc_platform.model.generations import GenerationEvent, GenerationStatus, Watermark
 from cdc_platform.model.state import SchemaRecord
@@ -78,14 +78,18 @@ class GenerationRequest:
 def take_generation(
     spark: SparkSession, ledger: Ledger, source: Source, kafka: KafkaClients, table: LakeTable,
     request: GenerationRequest, log_progress: Callable[[str], None] = log.info,
+    report_wave: Callable[[WaveProgress], None] | None = None,
 ) -> SnapshotResult:  # fmt: skip
-    """Take, validate and commit one generation; record ``failed`` (and raise) otherwise."""
+    """Take, validate and commit one generation; record ``failed`` (and raise) otherwise.
+    ``report_wave``: told where a chunked generation stands after each wave (the UI's
+    progress), as the run log is."""
     event = GenerationEvent(table.key, request.generation, GenerationStatus.RUNNING, reason=request.reason,
                             cause=request.cause, run_id=request.run_id)  # fmt: skip
     ledger.record_generation(event)
     try:
         note = source.prepare_generation(request.reason)
-        result = _write_generation(spark, ledger, source, kafka, table, request.generation, log_progress)
+        progress = _Progress(log_progress, report_wave or (lambda _wave: None))
+        result = _write_generation(spark, ledger, source, kafka, table, request.generation, progress)
         result.source_note = note
     except BaseException as exc:
         error = exc if isinstance(exc, CdcError) else classify_spark_error(exc, f"snapshot of {table.key}")
@@ -121,10 +125,17 @@ def _fingerprint(schema_json: str) -> str:
     return TableSchema.from_json(schema_json).version().fingerprint()
 
 
+@dataclass(frozen=True)
+class _Progress:
+    log: Callable[[str], None]
+    wave: Callable[[WaveProgress], None]
+
+
 def _write_generation(
     spark: SparkSession, ledger: Ledger, source: Source, kafka: KafkaClients, table: LakeTable, generation: str,
-    log_progress: Callable[[str], None],
+    progress_to: _Progress,
 ) -> SnapshotResult:  # fmt: skip
+    log_progress = progress_to.log
     started = time.monotonic()
     path = table.snapshot_path(generation)
     max_partitions = max(1, spark.sparkContext.defaultParallelism * 2)
@@ -140,7 +151,7 @@ def _write_generation(
             + (f", resumed with {len(progress.written)} chunk(s) written before" if plan.resumed else "")
         )
         if chunked:
-            _write_waves(spark, ledger, table, generation, plan, progress, log_progress)
+            _write_waves(spark, ledger, table, generation, plan, progress, progress_to)
         else:
             with SparkProgress(spark, f"{table.key}: snapshot {generation}", plan.source_rows, log_progress):
                 frame = read_plan(spark, plan)
@@ -162,7 +173,7 @@ def _write_generation(
 
 def _write_waves(
     spark: SparkSession, ledger: Ledger, table: LakeTable, generation: str, plan: SnapshotPlan,
-    progress: ChunkProgress, log_progress: Callable[[str], None],
+    progress: ChunkProgress, progress_to: _Progress,
 ) -> None:  # fmt: skip
     """The plan's chunks, a wave at a time (``model.chunks``): each wave one Delta append
     whose transaction version is the wave's number, then its chunks recorded in the
@@ -194,11 +205,12 @@ def _write_waves(
         written |= set(chunks)
         # rows from chunks: they hold equal shares of the table as planned (no count per wave)
         per_chunk = chunk_plan.source_rows / total
-        line = progress_line(
-            f"{table.key}: snapshot {generation}", len(written), total, round(len(written) * per_chunk),
-            chunk_plan.source_rows, time.monotonic() - started, round((len(written) - done_before) * per_chunk),
+        standing = WaveProgress(
+            len(written), total, round(len(written) * per_chunk), chunk_plan.source_rows,
+            time.monotonic() - started, round((len(written) - done_before) * per_chunk),
         )  # fmt: skip
-        log_progress(line)
+        progress_to.log(standing.line(f"{table.key}: snapshot {generation}"))
+        progress_to.wave(standing)
     _check_waves(spark, path, table.key, chunk_plan)
 
 

@@ -63,16 +63,35 @@ class ChunkProgress:
     written: frozenset[int] = frozenset()
 
 
-def progress_line(
-    label: str, done: int, total: int, rows_done: int, source_rows: int, elapsed_s: float, rows_this_run: int
-) -> str:
-    """Chunks done, rows, rate (of this run: a resumed run did not read the rows before it)
-    and ETA, for the run log."""
-    rate = rows_this_run / elapsed_s if elapsed_s > 0 else 0.0
-    left = max(0, source_rows - rows_done)
-    eta = f"{left / rate:.0f} s" if rate > 0 else "unknown"
-    share = done / total if total else 1.0
-    return (
-        f"{label}: {done}/{total} chunks ({share:.0%}), ~{rows_done} of ~{source_rows} rows, "
-        f"{rate:.0f} rows/s, ETA {eta}"
-    )
+@dataclass(frozen=True)
+class WaveProgress:
+    """Where a chunked generation stands after a wave: for the run log and the UI. Rows are
+    estimated from chunks (they hold equal shares of the table as planned); the rate is
+    this run's (a resumed run did not read the rows before it)."""
+
+    chunks_done: int
+    chunks: int
+    rows_done: int
+    source_rows: int
+    elapsed_s: float
+    rows_this_run: int
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows_this_run / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        rate = self.rows_per_s
+        return max(0, self.source_rows - self.rows_done) / rate if rate > 0 else None
+
+    @property
+    def share(self) -> float:
+        return self.chunks_done / self.chunks if self.chunks else 1.0
+
+    def line(self, label: str) -> str:
+        eta = f"{self.eta_s:.0f} s" if self.eta_s is not None else "unknown"
+        return (
+            f"{label}: {self.chunks_done}/{self.chunks} chunks ({self.share:.0%}), ~{self.rows_done} of "
+            f"~{self.source_rows} rows, {self.rows_per_s:.0f} rows/s, ETA {eta}"
+        )

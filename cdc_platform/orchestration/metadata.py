@@ -14,6 +14,7 @@ from cdc_platform.lake.checks import CompletenessReport, KeysReport
 from cdc_platform.lake.current import CurrentResult
 from cdc_platform.lake.schema_registry import SchemaReport
 from cdc_platform.lake.snapshot import SnapshotResult
+from cdc_platform.model.chunks import WaveProgress
 from cdc_platform.sources.base import MetricValue, Observation
 
 Metadata = dict[str, Any]
@@ -84,6 +85,21 @@ def snapshot_metadata(result: SnapshotResult, reason: str, detail: str | None) -
         metadata["rehydration_detail"] = dg.MetadataValue.text(detail)
     if result.source_note:
         metadata["source_prepared"] = dg.MetadataValue.text(result.source_note)
+    return metadata
+
+
+def wave_metadata(progress: WaveProgress) -> Metadata:
+    """A chunked generation's standing after a wave: numbers, so the UI can plot them."""
+    metadata: Metadata = {
+        "snapshot_chunks_done": dg.MetadataValue.int(progress.chunks_done),
+        "snapshot_chunks": dg.MetadataValue.int(progress.chunks),
+        "snapshot_percent": dg.MetadataValue.float(round(100 * progress.share, 1)),
+        "rows_done": dg.MetadataValue.int(progress.rows_done),
+        "source_rows": dg.MetadataValue.int(progress.source_rows),
+        "rows_per_s": dg.MetadataValue.float(round(progress.rows_per_s, 1)),
+    }
+    if progress.eta_s is not None:
+        metadata["eta_s"] = dg.MetadataValue.float(round(progress.eta_s, 1))
     return metadata
 
 

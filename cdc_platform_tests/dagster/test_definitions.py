@@ -206,6 +206,13 @@ def test_snapshot_generation_materializes_with_watermark_and_reason(
     from cdc_platform.lake.ledger import Ledger
     from cdc_platform.orchestration.runs import start_generations
 
+    with app_connect(_profile(demo_config_path)) as conn:
+        row = conn.execute("SELECT count(*) FROM order_lines").fetchone()
+    assert row is not None and row[0] >= 40
+    # chunks of a twelfth of the table: more than one wave (8 chunks a wave on 2 cores)
+    entry = "  - name: shop.public.order_lines\n"
+    text = demo_config_path.read_text()
+    demo_config_path.write_text(text.replace(entry, f"{entry}    snapshot: {{chunk_rows: {row[0] // 12}}}\n"))
     config = load_config(demo_config_path)
     table = config.table("shop.public.order_lines")
     (tmp_path / "dagster").mkdir()
@@ -224,6 +231,15 @@ def test_snapshot_generation_materializes_with_watermark_and_reason(
         dagster_run = instance.get_run_by_id(run.run_id)
         assert dagster_run is not None and dagster_run.tags["cdc/reason"] == "manual"
         assert record.asset_materialization.partition == run.generation
+        # the UI follows the generation wave by wave: numbers it can plot, rising to 100 %
+        snapshot_key = dg.AssetKey(["shop", "order_lines", "snapshot"])
+        observed = instance.fetch_observations(snapshot_key, limit=50, ascending=True)
+        waves = [r.asset_observation.metadata for r in observed.records if r.asset_observation is not None]
+        assert len(waves) >= 2 and [r.partition_key for r in observed.records] == [run.generation] * len(waves)
+        done = [w["snapshot_chunks_done"].value for w in waves]
+        assert done == sorted(done) and done[-1] == waves[-1]["snapshot_chunks"].value >= 12
+        assert waves[-1]["snapshot_percent"].value == 100.0 and waves[0]["snapshot_percent"].value < 100.0
+        assert all(isinstance(w["rows_per_s"].value, float) and "eta_s" in w for w in waves)
     with app_connect(_profile(demo_config_path)) as conn:
         row = conn.execute("SELECT count(*) FROM order_lines").fetchone()
     assert row is not None

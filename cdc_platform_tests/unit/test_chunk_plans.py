@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from cdc_platform.model.chunks import ChunkPlan, progress_line
+from cdc_platform.model.chunks import ChunkPlan, WaveProgress
 from cdc_platform.model.generations import Watermark
 
 PLAN = ChunkPlan("g1", Watermark(7, {0: 1, 1: 2}, datetime(2026, 11, 26, tzinfo=UTC)), "h", 10_000, 4,
@@ -30,5 +30,9 @@ def test_the_plan_round_trips_through_its_stored_form() -> None:
 
 
 def test_progress_says_chunks_rows_rate_and_eta_of_this_run() -> None:
-    line = progress_line("s.t: snapshot g1", 5, 10, 5_000, 10_000, 2.0, 2_000)
-    assert line == "s.t: snapshot g1: 5/10 chunks (50%), ~5000 of ~10000 rows, 1000 rows/s, ETA 5 s"
+    progress = WaveProgress(5, 10, 5_000, 10_000, 2.0, 2_000)  # resumed: 3000 rows were read before
+    assert progress.line("s.t: snapshot g1") == (
+        "s.t: snapshot g1: 5/10 chunks (50%), ~5000 of ~10000 rows, 1000 rows/s, ETA 5 s"
+    )
+    assert (progress.rows_per_s, progress.eta_s, progress.share) == (1000.0, 5.0, 0.5)
+    assert WaveProgress(0, 10, 0, 10_000, 0.0, 0).eta_s is None  # no rate yet: no ETA

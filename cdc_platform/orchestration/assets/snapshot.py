@@ -4,6 +4,7 @@ import dagster as dg
 
 from cdc_platform.config.model import TableConfig
 from cdc_platform.lake.snapshot import GenerationRequest, take_generation
+from cdc_platform.model.chunks import WaveProgress
 from cdc_platform.orchestration.failures import RETRY_POLICY, failures_mapped
 from cdc_platform.orchestration.keys import (
     TAG_CAUSE,
@@ -13,7 +14,7 @@ from cdc_platform.orchestration.keys import (
     snapshot_asset_key,
     source_asset_key,
 )
-from cdc_platform.orchestration.metadata import snapshot_metadata
+from cdc_platform.orchestration.metadata import snapshot_metadata, wave_metadata
 from cdc_platform.orchestration.partitions import generations_partitions
 from cdc_platform.orchestration.resources import CdcSparkResource, KafkaResource, LedgerResource, SourcesResource
 
@@ -28,8 +29,10 @@ def build_snapshot_asset(table: TableConfig, kind: str, lake_path: str) -> dg.As
         deps=[source_asset_key(table)],
         description=(
             f"Snapshot generations of {table.key}: the watermark (source position and Kafka end offsets) first, "
-            "then one consistent parallel read (Spark JDBC) into Delta, validated, then committed in the ledger. "
-            "One partition per generation; only committed generations are used."
+            "then a parallel read of key-range chunks (Spark JDBC) into Delta, each chunk in its own short "
+            "transaction (snapshot.mode: incremental, resumable) or all in one exported snapshot (exported), "
+            "validated, then committed in the ledger. One partition per generation; only committed generations "
+            "are used. A chunked generation reports its progress after each wave as an observation."
         ),
         metadata={"lake_path": f"{lake_path}/snapshot/<generation>"},
         tags={"cdc/source": table.source},
@@ -48,10 +51,18 @@ def build_snapshot_asset(table: TableConfig, kind: str, lake_path: str) -> dg.As
             cause=tags.get(TAG_CAUSE, f"manual:{context.partition_key}"),
             run_id=context.run.run_id,
         )
+
+        def report_wave(progress: WaveProgress) -> None:
+            context.log_event(
+                dg.AssetObservation(
+                    snapshot_asset_key(table), partition=context.partition_key, metadata=wave_metadata(progress)
+                )
+            )
+
         with failures_mapped(f"snapshot of {table.key}"):
             result = take_generation(
                 pyspark.spark_session, ledger.ledger(), sources.source(table.source), kafka.clients(),
-                ledger.table(table.key), request, log_progress=context.log.info,
+                ledger.table(table.key), request, log_progress=context.log.info, report_wave=report_wave,
             )  # fmt: skip
         return dg.MaterializeResult(metadata=snapshot_metadata(result, request.reason, tags.get(TAG_DETAIL)))
 
