@@ -35,6 +35,17 @@ class Lake:
             self._sources[name] = open_source(self.config, name, self.kafka)
         return self._sources[name]
 
+    def wave_commits(self, key: str, generation: str) -> list[int]:
+        """The wave numbers of a chunked generation's snapshot-table commits, oldest first."""
+        from delta.tables import DeltaTable
+
+        from cdc_platform.lake.snapshot import WAVE_METADATA
+
+        path = self.table(key).snapshot_path(generation)
+        history = DeltaTable.forPath(self.spark, path).history().select("version", "userMetadata").collect()
+        waves = sorted((r[0], r[1]) for r in history if (r[1] or "").startswith(WAVE_METADATA))
+        return [int(note.removeprefix(WAVE_METADATA)) for _, note in waves]
+
     def snapshot(self, key: str, generation: str, reason: str = "test") -> SnapshotResult:
         request = GenerationRequest(generation, reason=reason, cause=f"test:{generation}")
         return take_generation(

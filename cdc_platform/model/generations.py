@@ -91,6 +91,7 @@ class Generation:
     rows: int | None = None
     schema_json: str = ""
     detail: str = ""
+    failures: int = 0  # runs of it that failed (a resumed generation can fail more than once)
 
     @property
     def order(self) -> tuple[datetime, datetime, str]:
@@ -104,8 +105,10 @@ class Generation:
 
 
 def fold(events: Iterable[GenerationEvent]) -> dict[str, Generation]:
-    """Generations by name from their events (any order; later events win, and a finished
-    generation never goes back to running)."""
+    """Generations by name from their events (any order; later events win). A finished
+    generation never goes back to running, but for a failed one that a new run resumes
+    (its 'running' event names another run than the one that failed it): a late event of
+    the failed run (a retried step) does not reopen it, a resume does."""
     out: dict[str, Generation] = {}
     for event in sorted(events, key=lambda e: e.at):
         known = out.get(event.generation)
@@ -113,13 +116,15 @@ def fold(events: Iterable[GenerationEvent]) -> dict[str, Generation]:
             out[event.generation] = Generation(
                 event.table, event.generation, event.status, event.at, event.at, event.reason, event.cause,
                 event.covers, event.run_id, event.watermark, event.rows, event.schema_json, event.detail,
+                failures=int(event.status is GenerationStatus.FAILED),
             )  # fmt: skip
             continue
-        if known.finished and event.status not in FINISHED:
+        if known.finished and event.status not in FINISHED and not _resumes(known, event):
             continue  # a late 'running' (a retried step) does not reopen a finished generation
         out[event.generation] = replace(
             known,
             status=event.status,
+            failures=known.failures + int(event.status is GenerationStatus.FAILED),
             updated_at=event.at,
             reason=event.reason or known.reason,
             cause=event.cause or known.cause,
@@ -137,6 +142,17 @@ def latest_committed(generations: Iterable[Generation]) -> Generation | None:
     """The generation the lake uses: the last-taken committed one."""
     committed = [g for g in generations if g.status is GenerationStatus.COMMITTED]
     return max(committed, key=lambda g: g.order) if committed else None
+
+
+def _resumes(known: Generation, event: GenerationEvent) -> bool:
+    """A new run of a failed generation started (``cdc-platform snapshot --resume``, the
+    sensor resuming it, or its run re-executed in the UI)."""
+    return (
+        known.status is GenerationStatus.FAILED
+        and event.status is GenerationStatus.RUNNING
+        and bool(event.run_id)
+        and event.run_id != known.run_id
+    )
 
 
 def unfinished(generations: Iterable[Generation]) -> list[Generation]:

@@ -128,6 +128,15 @@ def choose(
     return Decision(None, "; ".join(waiting))
 
 
+def interrupted_generation(cause: str, generations: Iterable[Generation]) -> Generation | None:
+    """The cause's last generation, if it did not commit: its run failed or died (a cause
+    with a generation in flight is never acted on). A chunked one is resumed rather than
+    replaced: it reads only the chunks it had not written."""
+    mine = [g for g in generations if g.cause == cause]
+    last = max(mine, key=lambda g: g.order) if mine else None
+    return last if last is not None and last.status is not GenerationStatus.COMMITTED else None
+
+
 def pending_signals(signal_causes: Sequence[str], generations: Iterable[Generation]) -> list[str]:
     """Signal rows no generation answered yet (each generation records the causes it answers)."""
     answered = {cause for g in generations for cause in (g.cause, *g.covers)}
@@ -135,12 +144,13 @@ def pending_signals(signal_causes: Sequence[str], generations: Iterable[Generati
 
 
 def next_attempt_at(failed: Sequence[Generation]) -> datetime | None:
-    """After n failed generations of one cause, the next may start 60 s·2^(n-1) (at most an
-    hour) after the last failure: a cause that keeps failing does not start a generation
-    on every tick, and one that was fixed is retried soon."""
+    """After n failed runs of one cause's generations, the next may start 60 s·2^(n-1) (at
+    most an hour) after the last failure: a cause that keeps failing does not start a
+    generation on every tick, and one that was fixed is retried soon."""
     if not failed:
         return None
-    pause = min(RETRY_FIRST_S * 2 ** (len(failed) - 1), RETRY_MAX_S)
+    failures = sum(max(1, g.failures) for g in failed)  # a resumed generation counts each failed run
+    pause = min(RETRY_FIRST_S * 2 ** (failures - 1), RETRY_MAX_S)
     return max(g.updated_at for g in failed) + timedelta(seconds=pause)
 
 

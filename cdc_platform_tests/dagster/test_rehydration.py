@@ -22,6 +22,7 @@ from cdc_platform.devtools.lake import Lake
 from cdc_platform.orchestration.keys import KEYS_CHECK, SCHEMA_CHECK, current_asset_key, snapshot_asset_key
 from cdc_platform.orchestration.partitions import generations_partitions
 from cdc_platform.orchestration.runs import apply_current
+from cdc_platform_tests.chunked import when_half_written
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 from cdc_platform_tests.integration.polling_env import PollingEnv
 
@@ -326,6 +327,50 @@ def test_a_failed_generation_does_not_block_rehydration(env: CaptureEnv, spark: 
         assert h.current()
         _assert_current_equals_source(spark, h)
         assert not h.tick().run_requests
+
+
+def test_a_killed_generation_is_resumed_by_the_sensor_without_reading_its_chunks_again(
+    env: CaptureEnv, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bootstrap generation's run is SIGKILLed half-way (its process, as the daemon
+    launched it), run monitoring fails the run, and the sensor's next request runs the same
+    generation again, which reads only the chunks it had not written: each wave is
+    committed once, and the generation commits with the source's rows."""
+    import cdc_platform.model.rehydration as rehydration_rules
+
+    with env.app() as app:
+        app.execute("INSERT INTO items SELECT g, 'b', g FROM generate_series(1, 40000) g")
+    env.run_until_caught_up()
+    env.configure_table("items", "snapshot: {chunk_rows: 1000}")  # 40 chunks, 5 waves on 2 cores
+    home = tmp_path / "home"
+    home.mkdir()
+    instance = dg.DagsterInstance.local_temp(str(home))
+    h, lake = Harness(env, instance), Lake(env.config, spark)
+    request = h.expect("bootstrap")
+    generation = request.partition_key
+    assert generation is not None
+    instance.add_dynamic_partitions(str(generations_partitions(h.table).name), [generation])
+    process = h.daemon.launch(request, {"DAGSTER_HOME": str(home)})
+    try:
+        plan, written = when_half_written(lake, h.table.key, generation, process)
+    finally:
+        process.kill()
+        process.wait()
+    assert h.daemon.reap_dead_runs()  # run monitoring: the run's process is gone
+    before = lake.wave_commits(h.table.key, generation)
+    assert len(before) < len(plan.waves()) and lake.ledger.committed(h.table.key) is None
+    monkeypatch.setattr(rehydration_rules, "RETRY_FIRST_S", 0.0)  # the pause before a retry, not waited out here
+    resume = h.expect("bootstrap")
+    assert resume.partition_key == generation and "resume" in str(resume.run_key)  # the same generation
+    h.execute(resume)
+    after = lake.wave_commits(h.table.key, generation)
+    assert sorted(after) == [n for n, _ in plan.waves()] and after[: len(before)] == before  # no wave read twice
+    assert set(written) <= set(range(len(plan.predicates)))
+    committed = lake.ledger.committed(h.table.key)
+    assert committed is not None and committed.generation == generation and committed.rows == 40_000
+    assert h.current()
+    _assert_current_equals_source(spark, h)
+    assert not h.tick().run_requests
 
 
 def test_a_generation_named_in_the_launchpad_is_ordered_by_when_it_was_taken(env: CaptureEnv, spark: Any) -> None:

@@ -21,6 +21,7 @@ from cdc_platform.devtools.lake import Lake
 from cdc_platform.lake import snapshot as snapshot_module
 from cdc_platform.lake.crash_points import ENV as CRASH_ENV
 from cdc_platform_tests.cases.pg_types import TYPE_CASES, type_cases_ddl
+from cdc_platform_tests.chunked import when_half_written
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 
 pytestmark = pytest.mark.integration
@@ -306,25 +307,25 @@ def test_a_killed_incremental_generation_resumes_without_reading_its_chunks_agai
     assert cut.returncode == 137, cut.stdout[-2000:] + cut.stderr[-3000:]
     [generation] = lake.ledger.generations(key)
     path = lake.table(key).snapshot_path(generation)
-    assert lake.ledger.chunk_progress(key, generation).written == set() and _wave_commits(spark, path) == [0]
+    assert lake.ledger.chunk_progress(key, generation).written == set() and lake.wave_commits(key, generation) == [0]
 
     with (tmp_path / "killed.log").open("w") as log_file:
         killed = subprocess.Popen(
             [*cli, "--resume"], env=run_env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
-            plan, written = _when_half_written(lake, key, generation, killed)
+            plan, written = when_half_written(lake, key, generation, killed)
         finally:
             os.killpg(killed.pid, signal.SIGKILL)
             killed.wait()
-    before = _wave_commits(spark, path)
+    before = lake.wave_commits(key, generation)
     assert plan.waves_left(written) and len(before) < len(plan.waves())
     assert lake.ledger.committed(key) is None  # the killed generation did not commit
 
     resumed = subprocess.run([*cli, "--resume"], env=run_env, capture_output=True, text=True, timeout=600, check=False)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert f"{key}: generation {generation}: 60000 rows" in resumed.stdout
-    after = _wave_commits(spark, path)
+    after = lake.wave_commits(key, generation)
     assert sorted(after) == [n for n, _ in plan.waves()]  # every wave once: none read twice
     assert after[: len(before)] == before  # the earlier runs' commits stand; the last run added the rest
     committed = lake.ledger.committed(key)
@@ -367,31 +368,8 @@ def test_a_snapshot_table_changed_between_runs_is_not_resumed_into_a_generation(
     with pytest.raises(CdcError):
         generation(interrupt_after_a_wave)
     path = table.snapshot_path("g1")
-    assert lake.ledger.chunk_progress(key, "g1").written and _wave_commits(spark, path) == [0]
+    assert lake.ledger.chunk_progress(key, "g1").written and lake.wave_commits(key, "g1") == [0]
     DeltaTable.forPath(spark, path).delete("n % 2 = 0")
     with pytest.raises(GenerationRejectedError, match="DELETE"):
         generation(lambda _line: None)
     assert lake.ledger.committed(key) is None
-
-
-def _when_half_written(lake: Lake, key: str, generation: str, process: subprocess.Popen[Any]) -> tuple[Any, set[int]]:
-    """The generation's plan and recorded chunks once half of them are recorded."""
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the generation ended before half of its chunks were written"
-        progress = lake.ledger.chunk_progress(key, generation)
-        if progress.plan is not None and len(progress.written) * 2 >= len(progress.plan.predicates):
-            return progress.plan, set(progress.written)
-        time.sleep(0.1)
-    raise AssertionError("half of the chunks were not written within 300 s")
-
-
-def _wave_commits(spark: Any, path: str) -> list[int]:
-    """The wave numbers of the snapshot table's commits, oldest first."""
-    from delta.tables import DeltaTable
-
-    from cdc_platform.lake.snapshot import WAVE_METADATA
-
-    history = DeltaTable.forPath(spark, path).history().select("version", "userMetadata").collect()
-    waves = sorted((r[0], r[1]) for r in history if (r[1] or "").startswith(WAVE_METADATA))
-    return [int(note.removeprefix(WAVE_METADATA)) for _, note in waves]

@@ -22,6 +22,7 @@ from cdc_platform.model.rehydration import (
     Reason,
     TableFacts,
     choose,
+    interrupted_generation,
     needs,
     next_attempt_at,
     pending_signals,
@@ -156,6 +157,30 @@ def test_a_failed_cause_is_tried_again_after_a_growing_pause() -> None:
     first = next_attempt_at(twice[:1])
     second = next_attempt_at(twice)
     assert first is not None and second is not None and second - first == timedelta(seconds=60)
+
+
+def test_a_resumed_generation_reopens_and_each_failed_run_lengthens_the_pause() -> None:
+    """A failed chunked generation is run again under its name (a resume): its new run's
+    'running' reopens it (a late event of the run that failed it does not), and every
+    failed run counts toward the pause before the next attempt, as separate generations did."""
+    first_run = [
+        event("g2", S.REQUESTED, 100, cause="gap:g1"),
+        event("g2", S.RUNNING, 101, run_id="run-a"),
+        event("g2", S.FAILED, 110, run_id="run-a"),
+    ]
+    assert fold([*first_run, event("g2", S.RUNNING, 111, run_id="run-a")])["g2"].status is S.FAILED  # late step
+    resumed = fold([*first_run, event("g2", S.RUNNING, 200, run_id="run-b")])["g2"]
+    assert (resumed.status, resumed.run_id, resumed.failures) == (S.RUNNING, "run-b", 1)
+    failed_twice = fold([*first_run, event("g2", S.RUNNING, 200, run_id="run-b"), event("g2", S.FAILED, 210)])["g2"]
+    assert (failed_twice.status, failed_twice.failures) == (S.FAILED, 2)
+    once = next_attempt_at([fold(first_run)["g2"]])
+    twice = next_attempt_at([failed_twice])
+    assert once == T0 + timedelta(seconds=110 + 60) and twice == T0 + timedelta(seconds=210 + 120)
+    # what the sensor resumes: the cause's last generation unless it committed
+    generations = gens(*committed("g1", 10, cause="gap:g0"), *first_run)
+    assert interrupted_generation("gap:g1", generations) == fold(first_run)["g2"]
+    assert interrupted_generation("gap:g0", generations) is None  # committed: nothing to resume
+    assert interrupted_generation("other", generations) is None
 
 
 def test_reconciliation_of_a_polled_table() -> None:

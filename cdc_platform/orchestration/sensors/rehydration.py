@@ -6,6 +6,8 @@ Facts come from the ledger (generations, windows, what current was built from), 
 Dagster's check results on current and run states. Each generation records the cause
 that asked for it, so a cause starts one generation; a generation in flight blocks
 another for that table, and one whose run died or failed no longer counts as in flight.
+A chunked generation whose run failed or died is resumed (the same partition, a new run
+key per failure): it reads only the chunks it had not written.
 """
 
 import os
@@ -13,11 +15,20 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from cdc_platform.config.model import TableConfig
+from cdc_platform.config.model import SnapshotMode, TableConfig
+from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.ledger import LedgerState
-from cdc_platform.model.coverage import walk
-from cdc_platform.model.generations import GenerationEvent, GenerationStatus, in_flight
-from cdc_platform.model.rehydration import FailedCheck, Need, TableFacts, choose, needs, pending_signals
+from cdc_platform.model.coverage import lost_offsets, walk
+from cdc_platform.model.generations import Generation, GenerationEvent, GenerationStatus, in_flight
+from cdc_platform.model.rehydration import (
+    FailedCheck,
+    Need,
+    TableFacts,
+    choose,
+    interrupted_generation,
+    needs,
+    pending_signals,
+)
 from cdc_platform.orchestration.jobs import generation_job
 from cdc_platform.orchestration.keys import (
     COMPLETENESS_CHECK,
@@ -110,6 +121,35 @@ def lake_path_exists(path: str) -> bool:
     return bool(filesystem.get_file_info(f"{inner}/_delta_log").type != fs.FileType.NotFound)
 
 
+def request_resume(table: TableConfig, need: Need, interrupted: Generation) -> dg.RunRequest:
+    """A run of the interrupted generation's partition; one per failure of it (the run key),
+    so a request the daemon already launched is not launched again."""
+    return dg.RunRequest(
+        run_key=f"{table.key}:{need.cause}:resume:{interrupted.generation}:{interrupted.failures}",
+        job_name=generation_job_name(table),
+        partition_key=interrupted.generation,
+        tags={
+            **need.tags(), TAG_DETAIL: f"resumed: {need.detail}"[:500], TAG_GENERATION: interrupted.generation,
+            TAG_KIND: "generation",
+        },
+    )  # fmt: skip
+
+
+def resumable(
+    ledger: LedgerResource, table: TableConfig, need: Need, facts: TableFacts, kafka: KafkaClients, topic: str
+) -> Generation | None:
+    """The need's interrupted generation, when it planned its chunks (``snapshot.mode:
+    incremental``) and Kafka still holds every change after the plan's watermark (the
+    changes its replay needs; else a new generation)."""
+    interrupted = interrupted_generation(need.cause, facts.generations)
+    if interrupted is None or table.snapshot.mode is not SnapshotMode.INCREMENTAL:
+        return None
+    plan = ledger.ledger().chunk_progress(table.key, interrupted.generation).plan
+    if plan is None or lost_offsets(plan.watermark.kafka_end_offsets, kafka.earliest_offsets(topic)):
+        return None
+    return interrupted
+
+
 def request_generation(
     ledger: LedgerResource, table: TableConfig, need: Need, attempt: int
 ) -> tuple[dg.RunRequest, dg.AddDynamicPartitionsRequest]:
@@ -150,7 +190,8 @@ def build_rehydration_sensor(
             "Starts a new snapshot generation when a table needs one: bootstrap, changelog gap (Kafka lost "
             "offsets still needed), replication slot lost, incompatible schema, current missing or failing its "
             "checks, a polled table's periodic reconciliation, or a signal row. The reason is in the run's tags; "
-            "one cause never starts two generations; a failed one is retried after a growing pause."
+            "one cause never starts two generations; a failed one is retried after a growing pause, and a chunked "
+            "one that failed or died is resumed (the same partition: it reads only the chunks it had not written)."
         ),
     )
     def rehydration(
@@ -164,6 +205,14 @@ def build_rehydration_sensor(
             need, attempt, why = decide(context, table, facts, running, now)
             if need is None:
                 waiting += [f"{table.key}: {why}"] if why else []
+                continue
+            interrupted = resumable(ledger, table, need, facts, gatherer.kafka, topics[table.key])
+            if interrupted is not None:
+                runs.append(request_resume(table, need, interrupted))
+                context.log.info(
+                    f"{table.key}: resuming generation {interrupted.generation} (its run failed or died), "
+                    f"reason {need.reason.value}: {need.detail}"
+                )
                 continue
             request, addition = request_generation(ledger, table, need, attempt)
             runs.append(request)
