@@ -286,6 +286,10 @@ def test_invalidated_slot_stops_with_source_position_lost(env: CaptureEnv) -> No
 
 def test_dropped_slot_is_not_silently_recreated(env: CaptureEnv) -> None:
     env.run_until_caught_up()
+    # the walsender of the capture that just stopped leaves the slot a moment after it
+    deadline = time.monotonic() + 15
+    while env.slot_active_pid() is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
     with env.admin() as admin:
         admin.execute("SELECT pg_drop_replication_slot(%s)", (env.slot,))
     with pytest.raises(SlotLostError, match="no longer exists, but capture confirmed changes"):

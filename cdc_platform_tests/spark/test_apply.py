@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient
 from delta.tables import DeltaTable
 
 from cdc_platform.devtools.apply_process import KILLED, ApplyProcess
+from cdc_platform.devtools.faults import APPLY_CUTS
 from cdc_platform.devtools.lake import Lake
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.apply import StreamApply, load_state
@@ -239,8 +240,9 @@ def one_table_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
 
 
 def test_an_apply_cut_at_any_step_resumes_exactly(one_table_env: CaptureEnv, spark: Any) -> None:
-    """Each crash point, deterministically; SIGKILLs of the continuous process at random
-    instants under load, with several tables, are the fault suite's (integration/test_faults.py).
+    """The crash points the fault suite does not cut, deterministically; SIGKILLs of the
+    continuous process at random instants and at APPLY_CUTS under load, with several
+    tables, are the fault suite's (integration/test_faults.py).
     One table: a run dies at the first table that reaches the point, so a second table
     would add batches to every run and no cut of its own."""
     env = one_table_env
@@ -249,8 +251,9 @@ def test_an_apply_cut_at_any_step_resumes_exactly(one_table_env: CaptureEnv, spa
     env.run_until_caught_up()
     for key in keys:
         lake.snapshot(key, "g1")
-    # cut between every two steps of a batch: each run dies there, the next one resumes
-    for i, point in enumerate(APPLY_POINTS):
+    # cut between two steps of a batch: each run dies there, the next one resumes (the
+    # fault suite cuts the long-running process at the other points, APPLY_CUTS, under load)
+    for i, point in enumerate(p for p in APPLY_POINTS if p not in APPLY_CUTS):
         _changes(env, seed=10 + i, first_id=1000 * (i + 1))
         env.run_until_caught_up()
         assert _apply(env, "--once", fault=point) == KILLED, point
