@@ -511,7 +511,9 @@ class SnapshotConfig(_Strict):
         description="incremental (default): each key-range chunk is read in a transaction of its own, so vacuum "
         "is never held back longer than one chunk's read; the changes replayed from the watermark make the "
         "chunks, read at different instants, converge. exported: every chunk joins one exported snapshot (one "
-        "point in time, an exact row count; the transaction stays open for the whole read).",
+        "point in time, an exact row count; the transaction stays open for the whole read; PostgreSQL). On "
+        "MariaDB/MySQL each chunk is always its own read (no shared read view): exported there means one pass "
+        "that does not resume.",
     )
     chunk_rows: int = Field(
         default=100_000, ge=1, description="Rows per chunk (one Spark task each); chunks are key ranges of equal size."

@@ -138,11 +138,10 @@ def _write_generation(
     log_progress = progress_to.log
     started = time.monotonic()
     path = table.snapshot_path(generation)
-    max_partitions = max(1, spark.sparkContext.defaultParallelism * 2)
     consistent = table.config.snapshot.mode == SnapshotMode.EXPORTED
     chunked = not consistent and source.capabilities.resumable_snapshots
     progress = ledger.chunk_progress(table.key, generation) if chunked else ChunkProgress(None)
-    with source.snapshot(table.config, kafka, table.topic, max_partitions, consistent, progress.plan) as plan:
+    with source.snapshot(table.config, kafka, table.topic, consistent, progress.plan) as plan:
         position = source.format_position(plan.watermark.position)
         log_progress(
             f"{table.key}: snapshot {generation}: {plan.source_rows} rows at watermark {position}, "
@@ -332,7 +331,7 @@ def scratch_copy(
     Not a generation: the ledger never hears of it."""
     path = f"{table.lake_root.rstrip('/')}/_scratch/{purpose}-{uuid.uuid4().hex[:8]}"
     try:
-        with source.snapshot(table.config, kafka, table.topic, max(1, spark.sparkContext.defaultParallelism)) as plan:
+        with source.snapshot(table.config, kafka, table.topic) as plan:
             frame = read_plan(spark, plan)
             frame.write.format("delta").mode("overwrite").options(**table_options(frame.schema)).save(path)
         yield spark.read.format("delta").load(path), plan

@@ -12,7 +12,9 @@ still converges).
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,3 +97,34 @@ class WaveProgress:
             f"{label}: {self.chunks_done}/{self.chunks} chunks ({self.share:.0%}), ~{self.rows_done} of "
             f"~{self.source_rows} rows, {self.rows_per_s:.0f} rows/s, ETA {eta}"
         )
+
+
+def chunk_count(rows: int, chunk_rows: int) -> int:
+    """How many chunks of at most ``chunk_rows`` rows ``rows`` need."""
+    return max(1, -(-rows // max(1, chunk_rows)))
+
+
+def chunk_predicates(
+    key: Sequence[str], boundaries: Sequence[Sequence[str]], key_nullable: bool, quote: Callable[[str], str]
+) -> list[str]:
+    """WHERE clauses, disjoint and covering every row: ``(-inf, b1]``, ``(b1, b2]``, …,
+    ``(bn, +inf)`` on the key (a row comparison for a composite key, which a composite
+    index serves), plus the rows whose key has a NULL when a key column may hold one
+    (no range comparison is true for them). ``boundaries``: each the key's values as the
+    source's literals; ``quote``: the source's identifier quoting."""
+    if not boundaries:
+        return ["TRUE"]
+    idents = [quote(k) for k in key]
+    column = idents[0] if len(idents) == 1 else f"({', '.join(idents)})"
+
+    def value(literals: Sequence[str]) -> str:
+        return literals[0] if len(literals) == 1 else f"({', '.join(literals)})"
+
+    predicates = [f"{column} <= {value(boundaries[0])}"]
+    predicates += [
+        f"{column} > {value(low)} AND {column} <= {value(high)}" for low, high in itertools.pairwise(boundaries)
+    ]
+    predicates.append(f"{column} > {value(boundaries[-1])}")
+    if key_nullable:
+        predicates.append(" OR ".join(f"{i} IS NULL" for i in idents))
+    return predicates

@@ -144,7 +144,7 @@ class Source(ABC):
 
     @abstractmethod
     def snapshot(
-        self, table: TableConfig, kafka: KafkaClients, topic: str, max_partitions: int = 4, consistent: bool = True,
+        self, table: TableConfig, kafka: KafkaClients, topic: str, consistent: bool = True,
         resume: ChunkPlan | None = None,
     ) -> AbstractContextManager[SnapshotPlan]:  # fmt: skip
         """Take the watermark, then plan the parts Spark reads in parallel. ``consistent``:

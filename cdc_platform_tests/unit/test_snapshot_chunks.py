@@ -1,11 +1,15 @@
-"""Key-range chunks of a PostgreSQL snapshot (sources/postgres/chunks.py): sizes and the
-WHERE clauses; integration/test_snapshot_chunks.py runs them against PostgreSQL."""
+"""Key-range chunks of a snapshot (model/chunks.py): sizes and the WHERE clauses, in each
+source's quoting; spark/test_snapshot.py and spark/test_polled_lake.py run them against
+PostgreSQL and MariaDB."""
 
 from __future__ import annotations
 
 import pytest
 
-from cdc_platform.sources.postgres.chunks import chunk_count, chunk_predicates
+from cdc_platform.model.chunks import chunk_count, chunk_predicates
+from cdc_platform.sources.mysql.catalog import quote_mysql
+from cdc_platform.sources.mysql.chunks import literal_kind
+from cdc_platform.sources.postgres.chunks import sql_ident
 
 
 @pytest.mark.parametrize(
@@ -17,7 +21,7 @@ def test_as_few_chunks_as_the_configured_size_allows(rows: int, chunk_rows: int,
 
 
 def test_one_key_column_ranges_cover_below_between_and_above() -> None:
-    assert chunk_predicates(["id"], [("10",), ("20",)], key_nullable=False) == [
+    assert chunk_predicates(["id"], [("10",), ("20",)], key_nullable=False, quote=sql_ident) == [
         '"id" <= 10',
         '"id" > 10 AND "id" <= 20',
         '"id" > 20',
@@ -25,7 +29,7 @@ def test_one_key_column_ranges_cover_below_between_and_above() -> None:
 
 
 def test_a_composite_key_compares_rows_and_a_nullable_key_gets_its_null_chunk() -> None:
-    predicates = chunk_predicates(['te"nant', "n"], [("'a'", "5")], key_nullable=True)
+    predicates = chunk_predicates(['te"nant', "n"], [("'a'", "5")], key_nullable=True, quote=sql_ident)
     assert predicates == [
         '("te""nant", "n") <= (\'a\', 5)',
         '("te""nant", "n") > (\'a\', 5)',
@@ -34,4 +38,22 @@ def test_a_composite_key_compares_rows_and_a_nullable_key_gets_its_null_chunk() 
 
 
 def test_a_table_of_one_chunk_is_read_whole() -> None:
-    assert chunk_predicates(["id"], [], key_nullable=True) == ["TRUE"]
+    assert chunk_predicates(["id"], [], key_nullable=True, quote=sql_ident) == ["TRUE"]
+
+
+def test_mariadb_ranges_quote_with_backticks() -> None:
+    assert chunk_predicates(["te`nant", "n"], [("'a\\'b'", "'5'")], key_nullable=False, quote=quote_mysql) == [
+        "(`te``nant`, `n`) <= ('a\\'b', '5')",
+        "(`te``nant`, `n`) > ('a\\'b', '5')",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("column_type", "decode", "kind"),
+    [("enum('sad','happy')", "text", "index"), ("set('a','b')", "text", "index"), ("varbinary(16)", "hex", "hex"),
+     ("varchar(20)", "plain", "quote"), ("bigint(20) unsigned", "text", "quote")],
+)  # fmt: skip
+def test_mariadb_boundaries_are_written_in_the_order_order_by_uses(column_type: str, decode: str, kind: str) -> None:
+    """ORDER BY sorts an ENUM or SET by index (a label literal would compare by label),
+    and bytes as bytes."""
+    assert literal_kind(column_type, decode) == kind

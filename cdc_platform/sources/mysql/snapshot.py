@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
 
 from cdc_platform.config.model import TableConfig
 from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.model.chunks import ChunkPlan
 from cdc_platform.model.errors import SourceTableError
 from cdc_platform.model.generations import Watermark
 from cdc_platform.model.tables import resolve_key
@@ -37,49 +37,67 @@ from cdc_platform.sources.mysql.catalog import (
     quote_mysql,
     table_schema,
 )
+from cdc_platform.sources.mysql.chunks import literal_kind, plan_chunks
 from cdc_platform.sources.mysql.connection import MysqlEndpoint, database_clock_ns
 
-ROWS_PER_PARTITION = 250_000
-INTEGER_TYPES = ("tinyint", "smallint", "mediumint", "int", "integer", "bigint")
 # how Spark turns each mapping's read value into the lake value
 _CONVERSIONS = {"hex": "hex", "timestamptz": "utc_text", "bool": "nonzero"}
 
 
 @contextmanager
 def snapshot_plan(
-    endpoint: MysqlEndpoint, table: TableConfig, kafka: KafkaClients, topic: str, max_partitions: int
+    endpoint: MysqlEndpoint, table: TableConfig, kafka: KafkaClients, topic: str, resume: ChunkPlan | None = None
 ) -> Iterator[SnapshotPlan]:
+    """Key-range chunks of ``snapshot.chunk_rows`` rows, each read by a Spark task in its
+    own consistent read. ``resume``: the stored plan's watermark and chunks, while the
+    table has the plan's shape; otherwise a new plan."""
     conn = endpoint.connect("snapshot")
     try:
-        # 1. watermark first (see the module docstring)
-        watermark = Watermark(database_clock_ns(conn), kafka.end_offsets(topic), datetime.now(UTC))
         described, mapped = describe_mysql_table(conn, table.schema_name, table.table_name)
         key = resolve_key(described, table.primary_key, f"tables[{table.key}].primary_key")
+        if resume is not None and described.schema_hash() == resume.schema_hash:
+            read = jdbc_read(endpoint, table, mapped, mapped, resume.predicates, key)
+            yield SnapshotPlan(table.key, resume.watermark, table_schema(described, key), read, resume.source_rows,
+                               resume.schema_hash, described, consistent=False, resumed=True)  # fmt: skip
+            return
+        # 1. watermark first (see the module docstring)
+        watermark = Watermark(database_clock_ns(conn), kafka.end_offsets(topic), datetime.now(UTC))
         source_table = f"{quote_mysql(table.schema_name)}.{quote_mysql(table.table_name)}"
         with conn.cursor() as cur:
             cur.execute(f"SELECT COUNT(*) FROM {source_table}")
             counted = cur.fetchone()
             source_rows = int(counted[0]) if counted else 0
-            first_type = next(c.type_name for c in described.columns if c.name == key[0]).lower()
-            predicates = _predicates(cur, source_table, key[0], first_type, source_rows, max_partitions)
+            literals_as = {m.name: literal_kind(m.source_type, m.decode) for m in mapped if m.name in key}
+            nullable = any(c.nullable for c in described.columns if c.name in key)
+            predicates = plan_chunks(
+                cur, source_table, key, literals_as, nullable, source_rows, table.snapshot.chunk_rows
+            )
     finally:
         conn.close()
-    read = jdbc_read(endpoint, table, mapped, mapped, predicates)
+    read = jdbc_read(endpoint, table, mapped, mapped, predicates, key)
     yield SnapshotPlan(table.key, watermark, table_schema(described, key), read, source_rows, described.schema_hash(),
-                       described)  # fmt: skip
+                       described, consistent=False)  # fmt: skip
 
 
 def jdbc_read(
     endpoint: MysqlEndpoint, table: TableConfig, wanted: Sequence[MappedColumn], every: Sequence[MappedColumn],
-    predicates: Sequence[str],
+    predicates: Sequence[str], key: Sequence[str] = (),
 ) -> JdbcRead:  # fmt: skip
     """The ``wanted`` columns, one JDBC query per predicate; soft-deleted rows left out
-    (the soft-delete column is selected in the subquery so it can be filtered on)."""
+    (the soft-delete column is selected in the subquery so it can be filtered on). The
+    chunk predicates name the table's own columns and Spark applies them to the subquery's
+    result, so a ``key`` column read through a conversion (text of a date, an enum, an
+    unsigned bigint) is read under another name and the column itself is kept: compared
+    after the conversion, a range would follow another order than its boundaries'."""
     source = endpoint.config
     source_table = f"{quote_mysql(table.schema_name)}.{quote_mysql(table.table_name)}"
     inner = {m.name: m for m in [*wanted, *every]}
+    converted = {
+        n: f"_cdc_read_{i}" for i, (n, m) in enumerate(inner.items()) if n in key and m.select_sql != quote_mysql(n)
+    }
+    selected = [f"{m.select_sql} AS {quote_mysql(converted.get(m.name, m.name))}" for m in inner.values()]
     source_sql = "(SELECT {} FROM {}) AS snapshot_source".format(
-        ", ".join(f"{m.select_sql} AS {quote_mysql(m.name)}" for m in inner.values()), source_table
+        ", ".join([*selected, *(quote_mysql(n) for n in converted)]), source_table
     )
     live = _live_rows(table, every)
     if live:  # soft-deleted rows are deletes: a generation must not bring them back
@@ -90,6 +108,10 @@ def jdbc_read(
         f"jdbc:mysql://{source.host}:{source.port}/{source.database}"
         f"?permitMysqlScheme&connectTimeout={source.connect_timeout_s * 1000}"
     )
+    columns = tuple(
+        ColumnRead(m.name, quote_mysql(m.name), _CONVERSIONS.get(m.decode, "cast"), converted.get(m.name, ""))
+        for m in wanted
+    )
     return JdbcRead(
         url=url,
         driver="org.mariadb.jdbc.Driver",
@@ -97,7 +119,7 @@ def jdbc_read(
         password=source.password(endpoint.name),
         source_sql=source_sql,
         predicates=tuple(predicates),
-        columns=tuple(ColumnRead(m.name, quote_mysql(m.name), _CONVERSIONS.get(m.decode, "cast")) for m in wanted),
+        columns=columns,
         options={"fetchsize": "10000", "sessionInitStatement": "SET time_zone = '+00:00'"},
     )
 
@@ -112,24 +134,3 @@ def _live_rows(table: TableConfig, mapped: Sequence[MappedColumn]) -> str | None
             f"tables[{table.key}].poll.soft_delete_column: '{column}' is not a column of {table.key}"
         )
     return live_row_sql(found[0])
-
-
-def _predicates(
-    cur: Any, source_table: str, first_key: str, key_type: str, rows: int, max_partitions: int
-) -> list[str]:
-    """Disjoint WHERE clauses covering the table: ranges of an integer key, hash buckets otherwise."""
-    partitions = max(1, min(max_partitions, -(-rows // ROWS_PER_PARTITION)))
-    ident = quote_mysql(first_key)
-    if partitions == 1:
-        return ["1 = 1"]
-    if key_type.startswith(INTEGER_TYPES):
-        cur.execute(f"SELECT MIN({ident}), MAX({ident}) FROM {source_table}")
-        low_high = cur.fetchone()
-        low, high = int(low_high[0] or 0), int(low_high[1] or 0)
-        step = max(1, -(-(high - low + 1) // partitions))
-        bounds = list(range(low, high + 1, step))
-        preds = [f"{ident} >= {b} AND {ident} < {b + step}" for b in bounds]
-        preds[-1] = f"{ident} >= {bounds[-1]}"  # rows inserted past the max during the read
-        preds[0] = f"{ident} < {bounds[0] + step}"
-        return preds
-    return [f"CRC32(CAST({ident} AS CHAR)) % {partitions} = {i}" for i in range(partitions)]

@@ -38,7 +38,10 @@ class MysqlConnector(Source):
         self.endpoint, self.kafka = endpoint, kafka
         self.name = endpoint.name
         self.capabilities = Capabilities(
-            sees_hard_deletes=False, exact_snapshot_count=False, kind_label=endpoint.config.dialect
+            sees_hard_deletes=False,
+            exact_snapshot_count=False,
+            kind_label=endpoint.config.dialect,
+            resumable_snapshots=True,
         )
 
     def describe(self, table: TableConfig) -> tuple[SourceTable, TableSchema]:
@@ -82,10 +85,10 @@ class MysqlConnector(Source):
         return f"{datetime.fromtimestamp(position / 1e9, UTC).isoformat()} (poll position {position})"
 
     def snapshot(
-        self, table: TableConfig, kafka: KafkaClients, topic: str, max_partitions: int = 4, consistent: bool = True,
+        self, table: TableConfig, kafka: KafkaClients, topic: str, consistent: bool = True,
         resume: ChunkPlan | None = None,
     ) -> AbstractContextManager[SnapshotPlan]:  # fmt: skip
-        return snapshot_plan(self.endpoint, table, kafka, topic, max_partitions)
+        return snapshot_plan(self.endpoint, table, kafka, topic, resume)  # chunks by rows, not a partition count
 
     def key_read(self, table: TableConfig, key: tuple[str, ...]) -> JdbcRead:
         conn = self.endpoint.connect("catalog")

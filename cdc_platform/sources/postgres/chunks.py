@@ -20,19 +20,15 @@ the ``ORDER BY`` that chose them. The planning session and the readers share
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from cdc_platform.model.chunks import chunk_count, chunk_predicates
+
 ROW_NUMBER = "_cdc_chunk_row"
-
-
-def chunk_count(rows: int, chunk_rows: int) -> int:
-    """How many chunks of at most ``chunk_rows`` rows ``rows`` need."""
-    return max(1, -(-rows // max(1, chunk_rows)))
 
 
 def boundaries_query(schema: str, table: str, key: Sequence[str], chunks: int, rows: int) -> sql.Composed:
@@ -52,29 +48,6 @@ def boundaries_query(schema: str, table: str, key: Sequence[str], chunks: int, r
     )  # fmt: skip
 
 
-def chunk_predicates(key: Sequence[str], boundaries: Sequence[Sequence[str]], key_nullable: bool) -> list[str]:
-    """WHERE clauses, disjoint and covering every row: ``(-inf, b1]``, ``(b1, b2]``, …,
-    ``(bn, +inf)`` on the key (a row comparison for a composite key, which a composite
-    index serves), plus the rows whose key has a NULL when a key column may hold one
-    (no range comparison is true for them)."""
-    if not boundaries:
-        return ["TRUE"]
-    idents = [sql_ident(k) for k in key]
-    column = idents[0] if len(idents) == 1 else f"({', '.join(idents)})"
-
-    def value(literals: Sequence[str]) -> str:
-        return literals[0] if len(literals) == 1 else f"({', '.join(literals)})"
-
-    predicates = [f"{column} <= {value(boundaries[0])}"]
-    predicates += [
-        f"{column} > {value(low)} AND {column} <= {value(high)}" for low, high in itertools.pairwise(boundaries)
-    ]
-    predicates.append(f"{column} > {value(boundaries[-1])}")
-    if key_nullable:
-        predicates.append(" OR ".join(f"{i} IS NULL" for i in idents))
-    return predicates
-
-
 def plan_chunks(
     conn: psycopg.Connection[tuple[Any, ...]], schema: str, table: str, key: Sequence[str], key_nullable: bool,
     rows: int, chunk_rows: int,
@@ -85,7 +58,7 @@ def plan_chunks(
         return ["TRUE"]
     query = boundaries_query(schema, table, key, chunk_count(rows, chunk_rows), rows)
     boundaries = [tuple(str(v) for v in row) for row in conn.execute(query)]
-    return chunk_predicates(key, boundaries, key_nullable)
+    return chunk_predicates(key, boundaries, key_nullable, sql_ident)
 
 
 def sql_ident(name: str) -> str:

@@ -76,7 +76,7 @@ class PostgresConnector(Source):
         return format_lsn(position)
 
     def snapshot(
-        self, table: TableConfig, kafka: KafkaClients, topic: str, max_partitions: int = 4, consistent: bool = True,
+        self, table: TableConfig, kafka: KafkaClients, topic: str, consistent: bool = True,
         resume: ChunkPlan | None = None,
     ) -> AbstractContextManager[SnapshotPlan]:  # fmt: skip
         return snapshot_plan(
