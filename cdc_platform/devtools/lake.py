@@ -14,7 +14,7 @@ from cdc_platform.lake.checks import CompletenessInputs, CompletenessReport, che
 from cdc_platform.lake.current import CurrentResult, apply_current
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.schema_registry import schema_refresh
-from cdc_platform.lake.snapshot import GenerationRequest, SnapshotResult, take_generation
+from cdc_platform.lake.snapshot import GenerationRequest, SnapshotResult, take_generation, wave_history
 from cdc_platform.lake.tables import LakeTable, lake_table, table_options
 from cdc_platform.sources import Source, open_source
 
@@ -37,14 +37,8 @@ class Lake:
 
     def wave_commits(self, key: str, generation: str) -> list[int]:
         """The wave numbers of a chunked generation's snapshot-table commits, oldest first."""
-        from delta.tables import DeltaTable
-
-        from cdc_platform.lake.snapshot import WAVE_METADATA
-
-        path = self.table(key).snapshot_path(generation)
-        history = DeltaTable.forPath(self.spark, path).history().select("version", "userMetadata").collect()
-        waves = sorted((r[0], r[1]) for r in history if (r[1] or "").startswith(WAVE_METADATA))
-        return [int(note.removeprefix(WAVE_METADATA)) for _, note in waves]
+        history = wave_history(self.spark, self.table(key).snapshot_path(generation))
+        return [wave for _, _, wave in history if wave is not None]
 
     def snapshot(self, key: str, generation: str, reason: str = "test") -> SnapshotResult:
         request = GenerationRequest(generation, reason=reason, cause=f"test:{generation}")

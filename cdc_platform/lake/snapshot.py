@@ -218,11 +218,9 @@ def _check_waves(spark: SparkSession, path: str, key: str, chunk_plan: ChunkPlan
     it, and no other commit (a DELETE, a RESTORE, an overwrite: rows the ledger records as
     written may be gone). Validation cannot catch that, since chunks read at different
     instants have no row count to compare with."""
-    from delta.tables import DeltaTable
-
-    history = DeltaTable.forPath(spark, path).history().select("version", "operation", "userMetadata").collect()
-    waves = {int(h[2].removeprefix(WAVE_METADATA)) for h in history if (h[2] or "").startswith(WAVE_METADATA)}
-    foreign = [f"{h[1]} at version {h[0]}" for h in history if not (h[2] or "").startswith(WAVE_METADATA)]
+    history = wave_history(spark, path)
+    waves = {wave for _, _, wave in history if wave is not None}
+    foreign = [f"{operation} at version {version}" for version, operation, wave in history if wave is None]
     missing = sorted({n for n, _ in chunk_plan.waves()} - waves)
     if missing or foreign:
         found = f"lacks wave(s) {missing[:10]}" if missing else f"was changed ({', '.join(sorted(foreign)[:5])})"
@@ -230,6 +228,20 @@ def _check_waves(spark: SparkSession, path: str, key: str, chunk_plan: ChunkPlan
             f"{key}: the snapshot table {path} {found} while the generation ran, so rows the ledger records as "
             f"written may be missing; the generation is not used (take a new one: cdc-platform rehydrate {key})"
         )
+
+
+def wave_history(spark: SparkSession, path: str) -> list[tuple[int, str, int | None]]:
+    """A snapshot table's commits, oldest first: (version, operation, the wave it wrote or
+    None for a commit that is no wave)."""
+    from delta.tables import DeltaTable
+
+    history = DeltaTable.forPath(spark, path).history().select("version", "operation", "userMetadata").collect()
+    return sorted((int(h[0]), str(h[1]), _wave_number(h[2])) for h in history)
+
+
+def _wave_number(user_metadata: str | None) -> int | None:
+    note = user_metadata or ""
+    return int(note.removeprefix(WAVE_METADATA)) if note.startswith(WAVE_METADATA) else None
 
 
 def validate(spark: SparkSession, path: str, plan: SnapshotPlan, exact_count: bool) -> int:
