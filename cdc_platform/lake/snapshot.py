@@ -11,6 +11,7 @@ otherwise. The lake never uses a generation that is not committed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -252,14 +253,23 @@ def validate(spark: SparkSession, path: str, plan: SnapshotPlan, exact_count: bo
 
     written = spark.read.format("delta").load(path)
     keys = [F.col(quote_spark(k)) for k in plan.schema.key]
-    stats = written.agg(F.count(F.lit(1)).alias("n"), F.count_distinct(*keys).alias("keys")).first()
+    any_null = functools.reduce(lambda a, b: a | b, [k.isNull() for k in keys])
+    stats = written.agg(
+        F.count(F.lit(1)).alias("n"), F.count_distinct(*keys).alias("keys"), F.count(F.when(any_null, 1)).alias("nulls")
+    ).first()
     assert stats is not None
-    rows, distinct = int(stats["n"]), int(stats["keys"])
+    rows, distinct, nulls = int(stats["n"]), int(stats["keys"]), int(stats["nulls"])
     if exact_count and rows != plan.source_rows:
         raise GenerationRejectedError(
             f"{plan.table}: the snapshot wrote {rows} rows but the source had {plan.source_rows} in the same "
             "snapshot; the generation is incomplete and is not used (take a new one: cdc-platform rehydrate "
             f"{plan.table})"
+        )
+    if nulls:  # the keys check fails on them; and a distinct count leaves them out
+        raise GenerationRejectedError(
+            f"{plan.table}: the snapshot holds {nulls} row(s) with a NULL in the key ({', '.join(plan.schema.key)}); "
+            f"a key must never be NULL: set tables[{plan.table}].primary_key to columns that are never NULL (or "
+            "fill the NULLs in the source); the generation is not used"
         )
     if distinct != rows:
         raise GenerationRejectedError(

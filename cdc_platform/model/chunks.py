@@ -120,11 +120,15 @@ def chunk_predicates(
     def value(literals: Sequence[str]) -> str:
         return literals[0] if len(literals) == 1 else f"({', '.join(literals)})"
 
-    predicates = [f"{column} <= {value(boundaries[0])}"]
+    # A row comparison is decided by its first unequal column: ('a', NULL) <= ('b', 5) is
+    # true, so a composite key's rows with a NULL are kept out of the ranges (their chunk is
+    # the last one); one column's NULL compares to nothing
+    guard = "".join(f" AND {i} IS NOT NULL" for i in idents) if key_nullable and len(idents) > 1 else ""
+    predicates = [f"{column} <= {value(boundaries[0])}{guard}"]
     predicates += [
-        f"{column} > {value(low)} AND {column} <= {value(high)}" for low, high in itertools.pairwise(boundaries)
+        f"{column} > {value(low)} AND {column} <= {value(high)}{guard}" for low, high in itertools.pairwise(boundaries)
     ]
-    predicates.append(f"{column} > {value(boundaries[-1])}")
+    predicates.append(f"{column} > {value(boundaries[-1])}{guard}")
     if key_nullable:
         predicates.append(" OR ".join(f"{i} IS NULL" for i in idents))
     return predicates

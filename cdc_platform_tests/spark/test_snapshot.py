@@ -20,6 +20,7 @@ import pytest
 from cdc_platform.devtools.lake import Lake
 from cdc_platform.lake import snapshot as snapshot_module
 from cdc_platform.lake.crash_points import ENV as CRASH_ENV
+from cdc_platform.model.errors import GenerationRejectedError
 from cdc_platform_tests.cases.pg_types import TYPE_CASES, type_cases_ddl
 from cdc_platform_tests.chunked import when_half_written
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
@@ -36,12 +37,14 @@ def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
         "CREATE TABLE tenant_rows (tenant text, n int, PRIMARY KEY (tenant, n))",
         "CREATE TABLE keyless (code text, n int)",  # no key: a configured one, REPLICA IDENTITY FULL
         "ALTER TABLE keyless REPLICA IDENTITY FULL",
+        "CREATE TABLE pairs (region text, code text, n int)",  # a configured composite key that may hold NULL
+        "ALTER TABLE pairs REPLICA IDENTITY FULL",
         # keys the read converts (numeric to text, an enum to text, an instant to micros)
         "CREATE TABLE amounts (id numeric PRIMARY KEY, n int NOT NULL)",
         "CREATE TABLE moods (mood cap_mood, n int, PRIMARY KEY (mood, n))",
         "CREATE TABLE instants (at timestamptz PRIMARY KEY, n int NOT NULL)",
     ]
-    tables = ["type_cases", "events", "counters", "tenant_rows", "keyless", "amounts", "moods", "instants"]
+    tables = ["type_cases", "events", "counters", "tenant_rows", "keyless", "pairs", "amounts", "moods", "instants"]
     yield from make_capture_env(demo_db, tmp_path, ddl, tables)
 
 
@@ -135,7 +138,9 @@ def test_chunks_cover_every_row_once_and_stay_even_for_any_key(env: CaptureEnv, 
     """Key-range chunks of a uuid key, a composite key with one tenant holding 90 % of the
     rows, an integer key with a few huge outliers (equal value ranges would put nearly every
     row in one chunk), and a configured key on a table without one: each row in exactly one
-    chunk, every chunk within 2x of the median, and no transaction open once planned."""
+    chunk, every chunk within 2x of the median, and no transaction open once planned. A
+    composite configured key with NULLs: those rows in the NULL chunk only (a row comparison
+    such as ('r1', NULL) <= ('r2', 'c5') is true, so they were read twice)."""
     with env.app() as app:
         app.execute("INSERT INTO events (n) SELECT g FROM generate_series(1, 3000) g")
         app.execute(
@@ -147,10 +152,15 @@ def test_chunks_cover_every_row_once_and_stay_even_for_any_key(env: CaptureEnv, 
             "FROM generate_series(1, 3000) g"
         )
         app.execute("INSERT INTO keyless SELECT 'c' || g, g FROM generate_series(1, 3000) g")
-    tables = ("events", "tenant_rows", "counters", "keyless")
+        app.execute(  # 1 % of the rows with a NULL in the key's second column
+            "INSERT INTO pairs SELECT 'r' || g % 50, CASE WHEN g % 100 = 0 THEN NULL ELSE 'c' || g END, g "
+            "FROM generate_series(1, 3000) g"
+        )
+    tables = ("events", "tenant_rows", "counters", "keyless", "pairs")
     for name in tables:
         env.configure_table(name, "snapshot: {chunk_rows: 400}")
     env.configure_table("keyless", "primary_key: [code]")
+    env.configure_table("pairs", "primary_key: [region, code]")
     lake = Lake(env.config, spark)
     for name in tables:
         lake_table = lake.table(f"cap.{env.schema}.{name}")
@@ -163,9 +173,25 @@ def test_chunks_cover_every_row_once_and_stay_even_for_any_key(env: CaptureEnv, 
                 uncovered = _count(app, f"SELECT count(*) FROM {name} WHERE NOT ({' OR '.join(predicates)})")
         assert held == 0, name  # incremental: the plan's transaction ended before the read
         assert (sum(sizes), uncovered) == (3000, 0), name  # covered, and no row in two chunks
-        ranges = sizes[:-1] if name == "keyless" else sizes  # a nullable key adds a chunk for NULL keys
+        ranges = sizes[:-1] if name in ("keyless", "pairs") else sizes  # a nullable key adds a chunk for NULL keys
         median = statistics.median(ranges)
         assert len(ranges) == 8 and max(ranges) <= 2 * median and min(ranges) * 2 >= median, (name, sizes)
+
+
+def test_a_key_holding_null_rejects_the_generation_saying_so(env: CaptureEnv, spark: Any) -> None:
+    """The blocking keys check fails on a NULL key, so a generation with one is rejected,
+    naming the NULL and the fix. Before: it was rejected as "not unique" (Spark's distinct
+    count leaves NULLs out), for a key that was unique."""
+    with env.app() as app:
+        app.execute("INSERT INTO pairs SELECT 'r' || g % 7, CASE WHEN g = 5 THEN NULL ELSE 'c' || g END, g "
+                    "FROM generate_series(1, 300) g")  # fmt: skip
+    env.configure_table("pairs", "primary_key: [region, code]")
+    env.configure_table("pairs", "snapshot: {chunk_rows: 100}")
+    with pytest.raises(GenerationRejectedError) as rejected:
+        Lake(env.config, spark).snapshot(f"cap.{env.schema}.pairs", "g1")
+    message = str(rejected.value)
+    assert "1 row(s) with a NULL in the key (region, code)" in message, message
+    assert "not unique" not in message and "primary_key" in message, message
 
 
 def test_chunks_of_keys_the_read_converts_hold_every_row_once(env: CaptureEnv, spark: Any) -> None:

@@ -31,9 +31,25 @@ def test_one_key_column_ranges_cover_below_between_and_above() -> None:
 def test_a_composite_key_compares_rows_and_a_nullable_key_gets_its_null_chunk() -> None:
     predicates = chunk_predicates(['te"nant', "n"], [("'a'", "5")], key_nullable=True, quote=sql_ident)
     assert predicates == [
-        '("te""nant", "n") <= (\'a\', 5)',
-        '("te""nant", "n") > (\'a\', 5)',
+        '("te""nant", "n") <= (\'a\', 5) AND "te""nant" IS NOT NULL AND "n" IS NOT NULL',
+        '("te""nant", "n") > (\'a\', 5) AND "te""nant" IS NOT NULL AND "n" IS NOT NULL',
         '"te""nant" IS NULL OR "n" IS NULL',
+    ]
+
+
+def test_a_row_whose_composite_key_holds_a_null_is_in_the_null_chunk_only() -> None:
+    """A row comparison is decided by the first unequal column: ('a', NULL) <= ('b', 5) is
+    true in PostgreSQL and MariaDB, so without the NOT NULL guard that row was in a range
+    chunk and in the NULL chunk (read twice)."""
+    predicates = chunk_predicates(["tenant", "n"], [("'b'", "5")], key_nullable=True, quote=sql_ident)
+    ranges, nulls = predicates[:-1], predicates[-1]
+    assert all(p.endswith('AND "tenant" IS NOT NULL AND "n" IS NOT NULL') for p in ranges)
+    assert nulls == '"tenant" IS NULL OR "n" IS NULL'
+    # one column: a NULL compares to nothing, no guard needed
+    assert chunk_predicates(["id"], [("10",)], key_nullable=True, quote=sql_ident) == [
+        '"id" <= 10',
+        '"id" > 10',
+        '"id" IS NULL',
     ]
 
 
