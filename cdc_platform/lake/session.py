@@ -122,7 +122,22 @@ def get_spark_session(spark: SparkConfig, app_name: str | None = None) -> SparkS
         builder = builder.appName(app_name)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    _quiet_known_noise(session)
     return session
+
+
+# Driver loggers whose warnings say nothing a user can act on, once per micro-batch:
+# every Delta MERGE materializes its source as a local checkpoint and unpersists it, and
+# Spark warns each time that the RDD's lineage "cannot be recomputed"; real warnings
+# drowned in them.
+NOISY_LOGGERS = ("org.apache.spark.rdd.MapPartitionsRDD",)
+
+
+def _quiet_known_noise(session: SparkSession) -> None:
+    jvm = session.sparkContext._jvm
+    assert jvm is not None
+    for name in NOISY_LOGGERS:
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, jvm.org.apache.logging.log4j.Level.ERROR)
 
 
 def spark_resource_conf(spark: SparkConfig) -> dict[str, Any]:

@@ -29,3 +29,14 @@ def test_delta_round_trip(tmp_path: Path) -> None:
     assert sorted(r.id for r in spark.read.format("delta").load(path).collect()) == [1, 2, 3]
     first = spark.read.format("delta").option("versionAsOf", 0).load(path)
     assert first.count() == 2
+
+
+def test_the_merge_sources_lineage_warning_is_quiet_and_other_warnings_are_not() -> None:
+    """Every Delta MERGE unpersists its materialized source and Spark warned about it once
+    per micro-batch, drowning the apply log's real warnings."""
+    spark = get_spark_session(SparkConfig(master="local[2]"))
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    manager = jvm.org.apache.logging.log4j.LogManager
+    assert str(manager.getLogger("org.apache.spark.rdd.MapPartitionsRDD").getLevel()) == "ERROR"
+    assert str(manager.getLogger("org.apache.spark.sql.delta.DeltaLog").getLevel()) == "WARN"
