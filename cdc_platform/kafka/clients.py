@@ -29,6 +29,10 @@ TIMEOUT_S = 15.0
 __all__ = ["KafkaClients", "PartitionFacts", "worker_consumer"]
 
 
+# the changelog's reads, Python's consumers and Spark's Kafka source alike (nothing committed)
+CHANGELOG_GROUP_ID = "cdc_platform.changelog"
+
+
 def producer_settings() -> dict[str, Any]:
     """How every platform producer writes: idempotent, acks from all replicas, and the
     Java-compatible partitioner so every client agrees on a key's partition."""
@@ -231,5 +235,5 @@ def worker_consumer(options: Mapping[str, str]) -> Consumer:
     settings: dict[str, Any] = json.loads(options["client_config"])
     for key, env_var in json.loads(options.get("secret_options_env", "{}")).items():
         settings[key] = os.environ[env_var]
-    settings.update({"group.id": "cdc_platform.changelog", "enable.auto.commit": False, "auto.offset.reset": "error"})
+    settings.update({"group.id": CHANGELOG_GROUP_ID, "enable.auto.commit": False, "auto.offset.reset": "error"})
     return Consumer(settings)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from cdc_platform.envelope.debezium import UNAVAILABLE
 from cdc_platform.envelope.encoding import ValueEncoding
 from cdc_platform.envelope.pgtypes import INT64_MAX, INT64_MIN, numeric_precision_scale
+from cdc_platform.kafka.clients import CHANGELOG_GROUP_ID
 from cdc_platform.lake.lake_types import MAX_SPARK_DECIMAL_PRECISION, lake_type, row_type
 from cdc_platform.model.tables import LakeColumn, TableSchema
 
@@ -80,6 +81,11 @@ def kafka_source_options(bootstrap_servers: str, topic: str, spans: list[tuple[i
     spans = [(p, s, e) for p, s, e in spans if e > s]
     return {
         "kafka.bootstrap.servers": bootstrap_servers,
+        # the platform's group-id scheme (one ACL prefix covers every client). Spark otherwise
+        # names a new group per query and keys its pooled consumers by group and partition:
+        # every micro-batch opened new consumers and evicted old ones ("Pool exceeds its soft
+        # max size"). Nothing is committed: positions live in the ledger, partitions are assigned.
+        "kafka.group.id": CHANGELOG_GROUP_ID,
         "assign": json.dumps({topic: [p for p, _, _ in spans]}),
         "startingOffsets": json.dumps({topic: {str(p): s for p, s, _ in spans}}),
         "endingOffsets": json.dumps({topic: {str(p): e for p, _, e in spans}}),

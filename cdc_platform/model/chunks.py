@@ -105,30 +105,46 @@ def chunk_count(rows: int, chunk_rows: int) -> int:
 
 
 def chunk_predicates(
-    key: Sequence[str], boundaries: Sequence[Sequence[str]], key_nullable: bool, quote: Callable[[str], str]
-) -> list[str]:
+    key: Sequence[str], boundaries: Sequence[Sequence[str]], key_nullable: bool, quote: Callable[[str], str],
+    row_values: bool = True,
+) -> list[str]:  # fmt: skip
     """WHERE clauses, disjoint and covering every row: ``(-inf, b1]``, ``(b1, b2]``, …,
-    ``(bn, +inf)`` on the key (a row comparison for a composite key, which a composite
-    index serves), plus the rows whose key has a NULL when a key column may hold one
-    (no range comparison is true for them). ``boundaries``: each the key's values as the
-    source's literals; ``quote``: the source's identifier quoting."""
+    ``(bn, +inf)`` on the key in key order, plus the rows whose key has a NULL when a key
+    column may hold one (no range comparison is true for them). ``boundaries``: each the
+    key's values as the source's literals; ``quote``: the source's identifier quoting;
+    ``row_values``: a composite key compared as a row value, ``(a, b) > (x, y)``, which
+    PostgreSQL serves from the key's index; MariaDB scans the whole table for it (each
+    chunk read every row), so there it is spelled out column by column, which its range
+    optimizer serves."""
     if not boundaries:
         return ["TRUE"]
     idents = [quote(k) for k in key]
-    column = idents[0] if len(idents) == 1 else f"({', '.join(idents)})"
-
-    def value(literals: Sequence[str]) -> str:
-        return literals[0] if len(literals) == 1 else f"({', '.join(literals)})"
-
+    compare = _row_comparison if row_values or len(idents) == 1 else _lexicographic
     # A row comparison is decided by its first unequal column: ('a', NULL) <= ('b', 5) is
     # true, so a composite key's rows with a NULL are kept out of the ranges (their chunk is
     # the last one); one column's NULL compares to nothing
     guard = "".join(f" AND {i} IS NOT NULL" for i in idents) if key_nullable and len(idents) > 1 else ""
-    predicates = [f"{column} <= {value(boundaries[0])}{guard}"]
+    predicates = [f"{compare(idents, '<=', boundaries[0])}{guard}"]
     predicates += [
-        f"{column} > {value(low)} AND {column} <= {value(high)}{guard}" for low, high in itertools.pairwise(boundaries)
+        f"{compare(idents, '>', low)} AND {compare(idents, '<=', high)}{guard}"
+        for low, high in itertools.pairwise(boundaries)
     ]
-    predicates.append(f"{column} > {value(boundaries[-1])}{guard}")
+    predicates.append(f"{compare(idents, '>', boundaries[-1])}{guard}")
     if key_nullable:
         predicates.append(" OR ".join(f"{i} IS NULL" for i in idents))
     return predicates
+
+
+def _row_comparison(idents: Sequence[str], op: str, literals: Sequence[str]) -> str:
+    if len(idents) == 1:
+        return f"{idents[0]} {op} {literals[0]}"
+    return f"({', '.join(idents)}) {op} ({', '.join(literals)})"
+
+
+def _lexicographic(idents: Sequence[str], op: str, literals: Sequence[str]) -> str:
+    """``(a, b, c) > (x, y, z)`` as ``(a > x OR (a = x AND (b > y OR (b = y AND c > z))))``."""
+    if len(idents) == 1:
+        return f"{idents[0]} {op} {literals[0]}"
+    strict = op.rstrip("=")
+    rest = _lexicographic(idents[1:], op, literals[1:])
+    return f"({idents[0]} {strict} {literals[0]} OR ({idents[0]} = {literals[0]} AND {rest}))"

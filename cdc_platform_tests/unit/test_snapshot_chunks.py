@@ -57,11 +57,42 @@ def test_a_table_of_one_chunk_is_read_whole() -> None:
     assert chunk_predicates(["id"], [], key_nullable=True, quote=sql_ident) == ["TRUE"]
 
 
-def test_mariadb_ranges_quote_with_backticks() -> None:
-    assert chunk_predicates(["te`nant", "n"], [("'a\\'b'", "'5'")], key_nullable=False, quote=quote_mysql) == [
-        "(`te``nant`, `n`) <= ('a\\'b', '5')",
-        "(`te``nant`, `n`) > ('a\\'b', '5')",
+def test_mariadb_ranges_quote_with_backticks_and_spell_out_a_composite_key() -> None:
+    """MariaDB scans the whole table for a row comparison, ``(a, b) > (x, y)``, so a
+    composite key's ranges are written column by column, which its range optimizer serves."""
+    assert chunk_predicates(
+        ["te`nant", "n"], [("'a\\'b'", "'5'")], key_nullable=False, quote=quote_mysql, row_values=False
+    ) == [
+        "(`te``nant` < 'a\\'b' OR (`te``nant` = 'a\\'b' AND `n` <= '5'))",
+        "(`te``nant` > 'a\\'b' OR (`te``nant` = 'a\\'b' AND `n` > '5'))",
     ]
+
+
+def test_a_key_spelled_out_column_by_column_puts_every_row_in_the_same_chunk_as_a_row_comparison() -> None:
+    """Both spellings, evaluated by SQLite (row values and NULL logic as in SQL) on every
+    row of a grid with NULLs: the same chunk for each row, every row in exactly one."""
+    import itertools
+    import sqlite3
+
+    values = [None, 0, 1, 2, 3]
+    rows = list(itertools.product(values, values, values))
+    boundaries = [("0", "2", "1"), ("1", "1", "3"), ("2", "0", "0"), ("2", "3", "3")]
+    db = sqlite3.connect(":memory:")
+    db.execute('CREATE TABLE t ("a" int, "b" int, "c" int)')
+    db.executemany("INSERT INTO t VALUES (?, ?, ?)", rows)
+
+    def chunk_of_each_row(row_values: bool) -> dict[tuple[object, ...], list[int]]:
+        chunks: dict[tuple[object, ...], list[int]] = {row: [] for row in rows}
+        for number, predicate in enumerate(
+            chunk_predicates(["a", "b", "c"], boundaries, key_nullable=True, quote=sql_ident, row_values=row_values)
+        ):
+            for row in db.execute(f"SELECT a, b, c FROM t WHERE {predicate}"):
+                chunks[row].append(number)
+        return chunks
+
+    spelled_out, row_comparison = chunk_of_each_row(False), chunk_of_each_row(True)
+    assert spelled_out == row_comparison
+    assert all(len(chunks) == 1 for chunks in spelled_out.values())
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,7 @@ def plan_chunks(
         return ["TRUE"]
     cur.execute(boundaries_sql(source_table, key, literals_as, chunk_count(rows, chunk_rows), rows))
     boundaries = [tuple(_text(v) for v in row) for row in cur.fetchall()]
-    return chunk_predicates(key, boundaries, key_nullable, quote_mysql)
+    return chunk_predicates(key, boundaries, key_nullable, quote_mysql, row_values=False)
 
 
 def _text(literal: str | bytes) -> str:
