@@ -421,9 +421,9 @@ class LakeConfig(_Strict):
     root: str = Field(min_length=1, description="e.g. .cdc/dev/lake, /data/lake, s3a://bucket/lake")
     deletion_vectors: bool = Field(
         default=True,
-        description="Current tables use Delta deletion vectors: a MERGE marks replaced rows instead of rewriting "
-        "their files (cost follows the changes). Spark, DuckDB and delta-rs' QueryBuilder read them; delta-rs' "
-        "to_pyarrow_table refuses them. false: MERGEs rewrite files (a table that has them keeps them).",
+        description="Current and history tables use Delta deletion vectors: a MERGE marks replaced rows instead of "
+        "rewriting their files (cost follows the changes). Spark, DuckDB and delta-rs' QueryBuilder read them; "
+        "delta-rs' to_pyarrow_table refuses them. false: MERGEs rewrite files (a table that has them keeps them).",
     )
 
 

@@ -209,16 +209,23 @@ def streamed_position(ledger: Ledger, table: LakeTable) -> CurrentResult:
 
 
 def ensure_table_properties(spark: SparkSession, table: LakeTable) -> None:
-    """Tables of older lakes (or overwritten in place) get today's properties: current
-    deletion vectors (unless ``lake.deletion_vectors: false``), and current, the deletes
-    table, history and the changelog auto compaction. Set once each; the next commit uses
-    them."""
-    wanted = {table.current_path: {**(DELETION_VECTORS if table.deletion_vectors else {}), **AUTO_COMPACT}}
+    """Tables of older lakes (or overwritten in place) get today's properties: current and
+    history deletion vectors (unless ``lake.deletion_vectors: false``), and current, the
+    deletes table, history and the changelog auto compaction. Set once each; the next
+    commit uses them."""
+    wanted = {table.current_path: _merged_into(table)}
     wanted[table.deletes_path] = wanted[table.changelog_path] = AUTO_COMPACT
     if table.config.history:
-        wanted[table.history_path] = AUTO_COMPACT
+        wanted[table.history_path] = _merged_into(table)
     for path, properties in wanted.items():
         _ensure_properties(spark, path, properties)
+
+
+def _merged_into(table: LakeTable) -> dict[str, str]:
+    """The properties of a table every batch MERGEs into (current, history): a MERGE marks
+    the rows it replaces instead of copying the rest of their files (without, history's
+    MERGE rewrote every file a batch's keys touched: its cost grew with the history)."""
+    return {**(DELETION_VECTORS if table.deletion_vectors else {}), **AUTO_COMPACT}
 
 
 def _ensure_properties(spark: SparkSession, path: str, properties: dict[str, str]) -> None:
@@ -257,7 +264,7 @@ def _rebuild(
         F.lit(SNAPSHOT_COMMIT).cast("long").alias("_cdc_commit_lsn"),
         F.lit(watermark.position).cast("long").alias("_cdc_lsn"),
     ).write.format("delta").mode("overwrite").option("overwriteSchema", "true").options(
-        **table_options(frame.schema), **(DELETION_VECTORS if table.deletion_vectors else {}), **AUTO_COMPACT
+        **table_options(frame.schema), **_merged_into(table)
     ).save(table.current_path)
     keys = list(schema.key)
     key_schema = ", ".join(f"`{k}` {frame.schema[k].dataType.simpleString()}" for k in keys)
@@ -266,7 +273,7 @@ def _rebuild(
         **table_options(deletes.schema), **AUTO_COMPACT
     ).save(table.deletes_path)
     if table.config.history:
-        ensure_history_table(spark, table.history_path, frame.schema)
+        ensure_history_table(spark, table.history_path, frame.schema, _merged_into(table))
     ensure_table_properties(spark, table)
     return CurrentPosition(committed.generation, dict(watermark.kafka_end_offsets), watermark.position), HistoryResult(
         0, 0

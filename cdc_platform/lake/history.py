@@ -57,7 +57,11 @@ class HistoryResult:
         return HistoryResult(self.versions_opened + other.versions_opened, self.versions_closed + other.versions_closed)
 
 
-def ensure_history_table(spark: SparkSession, path: str, row_type: StructType) -> None:
+def ensure_history_table(
+    spark: SparkSession, path: str, row_type: StructType, properties: dict[str, str] | None = None
+) -> None:
+    """An empty history table of ``row_type``'s columns, unless there is one; ``properties``:
+    Delta table properties of a new one (deletion vectors, auto compaction)."""
     from delta.tables import DeltaTable
 
     if DeltaTable.isDeltaTable(spark, path):
@@ -65,7 +69,9 @@ def ensure_history_table(spark: SparkSession, path: str, row_type: StructType) -
     columns = [f"`{f.name}` {f.dataType.simpleString()}" for f in row_type.fields]
     ddl = ", ".join(columns + [f"{name} {kind}" for name, kind in HISTORY_META])
     empty = spark.createDataFrame([], ddl)
-    empty.write.format("delta").mode("overwrite").options(**table_options(empty.schema)).save(path)
+    empty.write.format("delta").mode("overwrite").options(**table_options(empty.schema), **(properties or {})).save(
+        path
+    )
 
 
 def snapshot_events(
