@@ -122,18 +122,20 @@ def get_spark_session(spark: SparkConfig, app_name: str | None = None) -> SparkS
         builder = builder.appName(app_name)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
-    _quiet_known_noise(session)
+    quiet_known_noise(session)
     return session
 
 
-# Driver loggers whose warnings say nothing a user can act on, once per micro-batch:
-# every Delta MERGE materializes its source as a local checkpoint and unpersists it, and
-# Spark warns each time that the RDD's lineage "cannot be recomputed"; real warnings
-# drowned in them.
-NOISY_LOGGERS = ("org.apache.spark.rdd.MapPartitionsRDD",)
+# Driver loggers whose warnings say nothing a user can act on, once per micro-batch, and
+# drowned the apply log's real warnings: every Delta MERGE materializes its source as a
+# local checkpoint and unpersists it (MapPartitionsRDD: its lineage "cannot be recomputed"),
+# and every Kafka read sets the platform's group id (KafkaSourceProvider: "not recommended",
+# for subscribing queries sharing a group; the platform assigns partitions, commits nothing).
+NOISY_LOGGERS = ("org.apache.spark.rdd.MapPartitionsRDD", "org.apache.spark.sql.kafka010.KafkaSourceProvider")
 
 
-def _quiet_known_noise(session: SparkSession) -> None:
+def quiet_known_noise(session: SparkSession) -> None:
+    """Every session of the platform (this module's, and Dagster's PySpark resource's)."""
     jvm = session.sparkContext._jvm
     assert jvm is not None
     for name in NOISY_LOGGERS:

@@ -119,7 +119,7 @@ def chunk_predicates(
     if not boundaries:
         return ["TRUE"]
     idents = [quote(k) for k in key]
-    compare = _row_comparison if row_values or len(idents) == 1 else _lexicographic
+    compare = _row_comparison if row_values else _lexicographic
     # A row comparison is decided by its first unequal column: ('a', NULL) <= ('b', 5) is
     # true, so a composite key's rows with a NULL are kept out of the ranges (their chunk is
     # the last one); one column's NULL compares to nothing

@@ -16,7 +16,7 @@ from pydantic import PrivateAttr
 from cdc_platform.config import PlatformConfig, load_config
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.ledger import Ledger
-from cdc_platform.lake.session import check_jars, prepare_spark_environment, session_conf
+from cdc_platform.lake.session import check_jars, prepare_spark_environment, quiet_known_noise, session_conf
 from cdc_platform.lake.tables import LakeTable, lake_table
 from cdc_platform.sources import Source, open_source
 
@@ -79,9 +79,12 @@ class CdcSparkResource(LazyPySparkResource):
     config_path: str
 
     def _init_session(self) -> None:
+        if self._spark_session is not None:
+            return
         check_jars(cached_config(self.config_path).spark)
         prepare_spark_environment()
         super()._init_session()
+        quiet_known_noise(self.spark_session)  # set now: the property does not come back here
 
     @classmethod
     def for_config(cls, config_path: str) -> CdcSparkResource:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cdc_platform.config.model import SparkConfig
-from cdc_platform.lake.session import get_spark_session, jar_settings, session_conf
+from cdc_platform.lake.session import NOISY_LOGGERS, get_spark_session, jar_settings, session_conf
 
 
 def test_extra_jars_bring_delta_and_jdbc_but_not_sparks_own() -> None:
@@ -31,12 +31,39 @@ def test_delta_round_trip(tmp_path: Path) -> None:
     assert first.count() == 2
 
 
-def test_the_merge_sources_lineage_warning_is_quiet_and_other_warnings_are_not() -> None:
-    """Every Delta MERGE unpersists its materialized source and Spark warned about it once
-    per micro-batch, drowning the apply log's real warnings."""
+def test_every_session_users_run_quiets_the_per_batch_warnings_and_keeps_the_others(tmp_path: Path) -> None:
+    """Every Delta MERGE unpersists its materialized source and every Kafka read sets the
+    platform's group id, and Spark warned about each once per micro-batch, drowning the
+    apply log's real warnings. Both sessions: ``cdc-platform apply`` and Dagster runs take
+    theirs from the PySpark resource, verify and the faults suite from get_spark_session."""
+    from cdc_platform.orchestration.resources import CdcSparkResource
+
+    config = tmp_path / "cdc_platform.yaml"
+    config.write_text(
+        "sources: {bm: {database: bm, user: u, password_env: UNUSED}}\n"
+        "kafka: {bootstrap_servers: '127.0.0.1:1'}\n"
+        f"lake: {{root: '{tmp_path / 'lake'}'}}\n"
+        "tables: [{name: bm.public.t, primary_key: [id]}]\n"
+    )
     spark = get_spark_session(SparkConfig(master="local[2]"))
     jvm = spark.sparkContext._jvm
     assert jvm is not None
-    manager = jvm.org.apache.logging.log4j.LogManager
-    assert str(manager.getLogger("org.apache.spark.rdd.MapPartitionsRDD").getLevel()) == "ERROR"
-    assert str(manager.getLogger("org.apache.spark.sql.delta.DeltaLog").getLevel()) == "WARN"
+    configurator, level, manager = (
+        jvm.org.apache.logging.log4j.core.config.Configurator,
+        jvm.org.apache.logging.log4j.Level,
+        jvm.org.apache.logging.log4j.LogManager,
+    )
+
+    def levels() -> set[str]:
+        return {str(manager.getLogger(name).getLevel()) for name in NOISY_LOGGERS}
+
+    for make_session in (
+        lambda: CdcSparkResource.for_config(str(config)).spark_session,
+        lambda: get_spark_session(SparkConfig(master="local[2]")),
+    ):
+        for name in NOISY_LOGGERS:  # as a new JVM has them
+            configurator.setLevel(name, level.WARN)
+        make_session()
+        assert levels() == {"ERROR"}
+        assert str(manager.getLogger("org.apache.spark.sql.delta.DeltaLog").getLevel()) == "WARN"
+    assert "org.apache.spark.rdd.MapPartitionsRDD" in NOISY_LOGGERS
