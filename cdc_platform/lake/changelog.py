@@ -283,6 +283,7 @@ def _decoded(frame: DataFrame) -> DecodedBatch:
     summary = BatchSummary(
         changes=sum(int(r["n"]) for r in ops),
         max_commit=max(highs) if highs else None,
+        min_commit=min(lows) if lows else None,
         max_ts=max(times).astimezone(UTC) if times else None,  # Spark hands back naive local time
         truncate=truncate,
         deletes=events.get("d", 0),

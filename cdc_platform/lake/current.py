@@ -97,9 +97,15 @@ class BatchSummary:
 
     changes: int  # events with an op (tombstones carry nothing the 'd' before them did not)
     max_commit: int | None = None
+    min_commit: int | None = None  # the oldest event's commit position
     max_ts: datetime | None = None
     truncate: tuple[int, int] | None = None  # the newest truncate's (commit LSN, LSN)
     deletes: int = 0  # 'd' events: only then are deleted keys remembered
+
+    def newer_than(self, applied_position: int | None) -> bool:
+        """Every event committed after ``applied_position`` (the newest position current
+        has applied, so after every remembered delete): none can be a stale duplicate."""
+        return applied_position is not None and self.min_commit is not None and self.min_commit > applied_position
 
 
 @dataclass
@@ -177,7 +183,7 @@ def apply_decoded(
     count moves by the MERGE's metrics."""
     started = time.monotonic()
     schema = TableSchema.from_json(committed.schema_json)
-    batch, history = merge_changes(spark, table, schema, changes, summary)
+    batch, history = merge_changes(spark, table, schema, changes, summary, position.applied_position)
     crash_point("current.merged")
     if batch.rows_delta is None:  # a truncate deleted rows outside the MERGE's metrics
         rows = spark.read.format("delta").load(table.current_path).count()
@@ -295,16 +301,18 @@ def _apply_windows(
         return _Batch(), HistoryResult(0, 0)
     batch = _changes(spark, table, touched, position.frontier, frontier).cache()
     try:
-        return merge_changes(spark, table, schema, batch)
+        return merge_changes(spark, table, schema, batch, applied_position=position.applied_position)
     finally:
         batch.unpersist()
 
 
 def merge_changes(
-    spark: SparkSession, table: LakeTable, schema: TableSchema, changes: DataFrame, summary: BatchSummary | None = None
-) -> tuple[_Batch, HistoryResult]:
+    spark: SparkSession, table: LakeTable, schema: TableSchema, changes: DataFrame, summary: BatchSummary | None = None,
+    applied_position: int | None = None,
+) -> tuple[_Batch, HistoryResult]:  # fmt: skip
     """Merge change events (changelog columns, ``op`` set) into current and history.
-    ``summary``: the batch's statistics when the caller already has them (one pass fewer)."""
+    ``summary``: the batch's statistics when the caller already has them (one pass fewer);
+    ``applied_position``: the newest position current has applied, when known."""
     keys = list(schema.key)
     summary = summary or summarize(changes)
     if summary.changes == 0:
@@ -312,7 +320,7 @@ def merge_changes(
     _evolve(spark, table.current_path, changes)
     if table.config.history:
         _evolve(spark, table.history_path, changes)
-    result = _merge(spark, table, changes, keys, summary)
+    result = _merge(spark, table, changes, keys, summary, guard=not summary.newer_than(applied_position))
     history = HistoryResult(0, 0)
     if table.config.history and result.applied:
         columns = [c for c in spark.read.format("delta").load(table.current_path).columns if c not in POSITION_COLUMNS]
@@ -327,6 +335,7 @@ def summarize(changes: DataFrame) -> BatchSummary:
     row = changes.agg(
         F.count(F.lit(1)).alias("n"),
         F.max("commit_lsn").alias("max_commit"),
+        F.min("commit_lsn").alias("min_commit"),
         F.max("source_ts").alias("max_ts"),
         F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "lsn"))).alias("t"),
         F.count(F.when(F.col("op") == "d", F.lit(1))).alias("deletes"),
@@ -334,7 +343,8 @@ def summarize(changes: DataFrame) -> BatchSummary:
     assert row is not None
     truncate = (int(row["t"]["commit_lsn"]), int(row["t"]["lsn"])) if row["t"] is not None else None
     max_commit = int(row["max_commit"]) if row["max_commit"] is not None else None
-    return BatchSummary(int(row["n"]), max_commit, _utc(row["max_ts"]), truncate, int(row["deletes"]))
+    min_commit = int(row["min_commit"]) if row["min_commit"] is not None else None
+    return BatchSummary(int(row["n"]), max_commit, min_commit, _utc(row["max_ts"]), truncate, int(row["deletes"]))
 
 
 def _utc(ts: datetime | None) -> datetime | None:
@@ -400,7 +410,11 @@ def _changes(
     )
 
 
-def _merge(spark: SparkSession, table: LakeTable, batch: DataFrame, keys: list[str], summary: BatchSummary) -> _Batch:
+def _merge(
+    spark: SparkSession, table: LakeTable, batch: DataFrame, keys: list[str], summary: BatchSummary, guard: bool
+) -> _Batch:
+    """``guard``: whether an event may be older than a remembered delete (then it is checked
+    against them; a join with the deletes table, a third of a small batch's MERGE time)."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
@@ -408,7 +422,9 @@ def _merge(spark: SparkSession, table: LakeTable, batch: DataFrame, keys: list[s
     columns = [f.name for f in target.toDF().schema.fields if f.name not in POSITION_COLUMNS]
     if summary.truncate is not None:
         batch = _truncate(target, batch, *summary.truncate)
-    latest = _not_deleted_later(spark, table, _latest_per_key(batch.where(F.col("op") != "t"), keys, columns), keys)
+    latest = _latest_per_key(batch.where(F.col("op") != "t"), keys, columns)
+    if guard:
+        latest = _not_deleted_later(spark, table, latest, keys)
     metrics = _merge_latest(target, latest, keys, columns)
     if summary.truncate is None:
         rows_delta: int | None = int(metrics["num_inserted_rows"]) - int(metrics["num_deleted_rows"])

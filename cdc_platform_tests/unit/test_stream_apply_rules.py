@@ -370,3 +370,15 @@ def test_a_scheduled_source_gets_an_apply_job_whose_schedule_never_overlaps_itse
         build_definitions(_config(tmp_path, "")).resolve_job_def("shop__apply_job")
     with pytest.raises(ConfigError, match=r"sources\.shop\.apply\.schedule"):
         load_config(_config(tmp_path, '    apply: {engine: stream, schedule: "every five minutes"}'))
+
+
+def test_the_deleted_keys_guard_is_skipped_only_when_every_event_is_newer_than_what_current_applied() -> None:
+    """A remembered delete is at or before current's applied position, so a batch whose
+    oldest event is after it holds no stale duplicate; anything else is checked."""
+    from cdc_platform.lake.current import BatchSummary
+
+    assert BatchSummary(10, max_commit=900, min_commit=501).newer_than(500)
+    assert not BatchSummary(10, max_commit=900, min_commit=500).newer_than(500)  # the same commit: checked
+    assert not BatchSummary(10, max_commit=900, min_commit=120).newer_than(500)  # a re-delivered event
+    assert not BatchSummary(10, max_commit=900, min_commit=None).newer_than(500)
+    assert not BatchSummary(10, max_commit=900, min_commit=501).newer_than(None)  # no position known
