@@ -139,8 +139,7 @@ class DecodedBatch:
     events: dict[str, int]  # by op, plus "tombstone"
     dead_letters: int
     unknown_columns: set[str]
-    summary: BatchSummary  # for the merge into current
-    min_commit_lsn: int | None
+    summary: BatchSummary  # for the merge into current (and the window's commit positions)
     schema_registered: bool = False
     result: WindowResult | None = None
     python_rows: int = 0  # records Spark SQL left to the Python decoder (``jvm_decode``)
@@ -294,7 +293,6 @@ def _decoded(frame: DataFrame) -> DecodedBatch:
         dead_letters=sum(int(r["n"]) for r in rows if r["kind"] == DEAD),
         unknown_columns={c for r in rows for c in (r["unknown"] or [])},
         summary=summary,
-        min_commit_lsn=min(lows) if lows else None,
         python_rows=python_rows,
     )
 
@@ -405,7 +403,7 @@ def _write_window(
         events=events,
         dead_letters=dead_count,
         rows=sum(events.values()),
-        min_commit_lsn=decoded.min_commit_lsn,
+        min_commit_lsn=decoded.summary.min_commit,
         max_commit_lsn=decoded.summary.max_commit,
         schema_registered=decoded.schema_registered,
     )
