@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 from cdc_platform.cli.capture import pick_source
-from cdc_platform.cli.main import CliError, Loaded, command
+from cdc_platform.cli.main import CliError, Loaded, command, configure_process_logging
 
 
 def register(sub: Any) -> None:
@@ -60,7 +60,7 @@ def apply_run(args: argparse.Namespace, loaded: Loaded) -> int:
     from cdc_platform.orchestration.resources import CdcSparkResource
     from cdc_platform.sources import open_source
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_process_logging()
     config = loaded.config
     names = streamed_sources(config, args.source, args.all)
     kafka, ledger = KafkaClients(config.kafka), Ledger(config.lake.root)

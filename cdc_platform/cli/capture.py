@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import signal
 from pathlib import Path
 from typing import Any
 
-from cdc_platform.cli.main import CliError, Loaded, command
+from cdc_platform.cli.main import CliError, Loaded, command, configure_process_logging
 from cdc_platform.config import PlatformConfig
 
 
@@ -47,7 +46,7 @@ def pick_source(config: PlatformConfig, name: str | None) -> str:
 def capture_run(args: argparse.Namespace, loaded: Loaded) -> int:
     from cdc_platform.sources import CaptureSettings, open_source
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_process_logging()
     source = open_source(loaded.config, pick_source(loaded.config, args.source))
     settings = CaptureSettings(
         until_caught_up=args.until_caught_up,

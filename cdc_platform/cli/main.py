@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,19 @@ class Loaded:
 
 
 Command = Callable[[argparse.Namespace, Loaded], int]
+
+
+# Loggers whose INFO lines tell a long-running process's reader nothing: the Dagster
+# instance the apply reports to runs alembic's schema check each time it is opened, a
+# dozen "setup plugin" / "Context impl SQLiteImpl" lines at every start.
+QUIET_LOGGERS = ("alembic",)
+
+
+def configure_process_logging() -> None:
+    """INFO with timestamps for a long-running process (capture, apply); known noise at WARNING."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

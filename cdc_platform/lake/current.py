@@ -324,7 +324,7 @@ def merge_changes(
     history = HistoryResult(0, 0)
     if table.config.history and result.applied:
         columns = [c for c in spark.read.format("delta").load(table.current_path).columns if c not in POSITION_COLUMNS]
-        history = apply_history(spark, table.history_path, changes, keys, columns)
+        history = apply_history(spark, table.history_path, changes, keys, columns, summary.truncate is not None)
     return result, history
 
 
@@ -382,7 +382,7 @@ def _reconcile_history(spark: SparkSession, table: LakeTable, committed: Generat
     events = snapshot_events(
         spark, table.history_path, rows, keys, committed.watermark.position, committed.watermark.taken_at.isoformat()
     )
-    return apply_history(spark, table.history_path, events, keys, rows.columns)
+    return apply_history(spark, table.history_path, events, keys, rows.columns, truncates=False)
 
 
 def _changes(

@@ -124,23 +124,28 @@ def snapshot_events(
 
 
 def apply_history(
-    spark: SparkSession, path: str, events: DataFrame, keys: list[str], columns: list[str]
+    spark: SparkSession, path: str, events: DataFrame, keys: list[str], columns: list[str], truncates: bool = True
 ) -> HistoryResult:
     """Apply change events (columns as in the changelog: op, commit_lsn, lsn, kafka_partition,
-    kafka_offset, source_ts, before, after, unavailable) to the history table at ``path``."""
+    kafka_offset, source_ts, before, after, unavailable) to the history table at ``path``.
+    ``truncates``: False when the caller knows the events hold no truncate (one Spark job
+    fewer a batch: the stream apply's batch summary says so)."""
     from pyspark.sql import functions as F
 
     events = events.select(
         "op", "commit_lsn", "lsn", "kafka_partition", "kafka_offset", "source_ts", "before", "after", "unavailable"
     ).cache()
     try:
-        truncates = (
-            events.where(F.col("op") == "t").select("commit_lsn", "lsn", "source_ts").orderBy("commit_lsn", "lsn")
-        ).collect()
+        if truncates:
+            truncates_in_order = (
+                events.where(F.col("op") == "t").select("commit_lsn", "lsn", "source_ts").orderBy("commit_lsn", "lsn")
+            ).collect()
+        else:
+            truncates_in_order = []
         opened = closed = 0
         lower: tuple[int, int] | None = None
         # segments between truncates (truncates are rare; usually this is one segment)
-        for t in [*truncates, None]:
+        for t in [*truncates_in_order, None]:
             segment = events.where(F.col("op") != "t")
             if lower is not None:
                 segment = segment.where(_after(lower))

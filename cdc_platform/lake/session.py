@@ -106,8 +106,19 @@ def session_conf(spark: SparkConfig) -> dict[str, str]:
         # i.e. the project's venv, not whatever python3 is first on PATH
         "spark.pyspark.python": sys.executable,
     }
+    if spark.master.startswith("local"):
+        conf.update(LOCAL_MODE_CONF)
     conf.update(spark.conf)  # the user's settings win
     return conf
+
+
+# In local mode the one executor is the driver's own JVM, so its heartbeat can only time out
+# by a false alarm, and one happens: a race in accumulator deserialization (SPARK-59451, a
+# NullPointerException in PartitionKeyedAccumulator.isZero logged by "executor-heartbeater")
+# kills the heartbeat thread for good, and 120 s later the driver declared its own executor
+# lost ("Removing executor driver with no recent heartbeats"), dropping cached blocks and
+# shuffle output mid-batch. Seen in the long-running apply's log during the fault suite.
+LOCAL_MODE_CONF = {"spark.storage.blockManagerHeartbeatTimeoutMs": str(365 * 24 * 3600 * 1000)}
 
 
 def get_spark_session(spark: SparkConfig, app_name: str | None = None) -> SparkSession:

@@ -156,7 +156,7 @@ def _write_generation(
             with SparkProgress(spark, f"{table.key}: snapshot {generation}", plan.source_rows, log_progress):
                 frame = read_plan(spark, plan)
                 frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").options(
-                    **table_options(frame.schema)
+                    **table_options(frame.schema, statistics_on=plan.schema.key)
                 ).save(path)
     rows = validate(spark, path, plan, source.capabilities.exact_snapshot_count and plan.consistent)
     result = SnapshotResult(
@@ -199,7 +199,7 @@ def _write_waves(
         frame = read_jdbc(spark, read, types)
         frame.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", number).option(
             "userMetadata", f"{WAVE_METADATA}{number}"
-        ).options(**table_options(frame.schema)).save(path)
+        ).options(**table_options(frame.schema, statistics_on=plan.schema.key)).save(path)
         crash_point("snapshot.wave_written")
         ledger.record_chunks_written(table.key, generation, chunks)
         written |= set(chunks)
@@ -355,7 +355,8 @@ def scratch_copy(
     try:
         with source.snapshot(table.config, kafka, table.topic) as plan:
             frame = read_plan(spark, plan)
-            frame.write.format("delta").mode("overwrite").options(**table_options(frame.schema)).save(path)
+            options = table_options(frame.schema, statistics_on=plan.schema.key)  # read whole, never pruned
+            frame.write.format("delta").mode("overwrite").options(**options).save(path)
         yield spark.read.format("delta").load(path), plan
     finally:
         remove_path(spark, path)

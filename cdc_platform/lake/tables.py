@@ -85,14 +85,42 @@ def lake_tables(config: PlatformConfig) -> list[LakeTable]:
 STATISTICS_LEAVES = 32  # Delta's default dataSkippingNumIndexedCols
 
 
-def table_options(schema: DataType, partition_by: tuple[str, ...] = ()) -> dict[str, str]:
+def table_options(
+    schema: DataType, partition_by: tuple[str, ...] = (), statistics_on: tuple[str, ...] | None = None
+) -> dict[str, str]:
     """Delta table properties for a new table of this shape, as writer options. Column
     mapping (by name) only when a column name, at any depth, has a character Parquet
     refuses ("Order Id"): it needs reader features that delta-rs' and DuckDB's plain
     readers lack, so every other table goes without. A table keeps what it was created
-    with."""
+    with. ``statistics_on``: the only top-level columns with file statistics (a snapshot
+    table is read whole, never pruned: statistics on its other columns are write time
+    spent for nothing)."""
     unsafe = any(PARQUET_UNSAFE_NAME.search(name) for name in _field_names(schema))
-    return {**({"delta.columnMapping.mode": "name"} if unsafe else {}), **_statistics_options(schema, partition_by)}
+    mapping = {"delta.columnMapping.mode": "name"} if unsafe else {}
+    if statistics_on is not None:
+        return {**mapping, **_statistics_only_on(schema, statistics_on)}
+    return {**mapping, **_statistics_options(schema, partition_by)}
+
+
+def _statistics_only_on(schema: DataType, columns: tuple[str, ...]) -> dict[str, str]:
+    """Statistics on ``columns`` alone (dates and types Delta keeps no min/max for left out)."""
+    wanted = {_quoted(c) for c in columns}
+    indexed = [path for path, kind in _leaves(schema) if path in wanted and isinstance(kind, _statistics_types())]
+    if not indexed:
+        return {"delta.dataSkippingNumIndexedCols": "0"}
+    return {"delta.dataSkippingStatsColumns": ",".join(indexed)}
+
+
+def _statistics_types() -> tuple[type, ...]:
+    """The types Delta keeps min/max for (naming another is an error), dates left out."""
+    from pyspark.sql import types as T
+
+    return (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType,
+            T.StringType, T.TimestampType, T.TimestampNTZType)  # fmt: skip
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
 
 
 def _statistics_options(schema: DataType, partition_by: tuple[str, ...]) -> dict[str, str]:
@@ -109,11 +137,8 @@ def _statistics_options(schema: DataType, partition_by: tuple[str, ...]) -> dict
     leaves = list(_leaves(schema))
     if not any(isinstance(kind, T.DateType) for _, kind in leaves):
         return {}
-    # the types Delta keeps min/max for (naming another is an error), dates left out
-    eligible = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType,
-                T.StringType, T.TimestampType, T.TimestampNTZType)  # fmt: skip
-    partitions = {f"`{name}`" for name in partition_by}
-    indexed = [path for path, kind in leaves if isinstance(kind, eligible) and path not in partitions]
+    partitions = {_quoted(name) for name in partition_by}
+    indexed = [path for path, kind in leaves if isinstance(kind, _statistics_types()) and path not in partitions]
     indexed = indexed[:STATISTICS_LEAVES]
     if not indexed:
         return {"delta.dataSkippingNumIndexedCols": "0"}
@@ -127,7 +152,7 @@ def _leaves(data_type: DataType, prefix: str = "") -> Iterator[tuple[str, DataTy
 
     assert isinstance(data_type, StructType)
     for field in data_type.fields:
-        path = prefix + "`" + field.name.replace("`", "``") + "`"
+        path = prefix + _quoted(field.name)
         if isinstance(field.dataType, StructType):
             yield from _leaves(field.dataType, path + ".")
         else:

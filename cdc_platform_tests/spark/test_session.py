@@ -21,6 +21,17 @@ def test_user_conf_overrides_defaults() -> None:
     assert conf["spark.driver.bindAddress"] == "127.0.0.1"
 
 
+def test_a_local_session_never_declares_its_own_executor_lost() -> None:
+    """Local mode: the executor is the driver's JVM, and its heartbeat thread can die on a
+    Spark race (SPARK-59451); 120 s later the driver declared it lost mid-batch, dropping
+    cached blocks. A cluster's executors keep Spark's heartbeat timeout."""
+    key = "spark.storage.blockManagerHeartbeatTimeoutMs"
+    assert int(session_conf(SparkConfig(master="local[2]"))[key]) >= 30 * 24 * 3600 * 1000
+    assert key not in session_conf(SparkConfig(master="spark://h:7077"))
+    spark = get_spark_session(SparkConfig(master="local[2]"))  # the session users run carries it
+    assert int(spark.sparkContext.getConf().get(key)) >= 30 * 24 * 3600 * 1000
+
+
 def test_delta_round_trip(tmp_path: Path) -> None:
     spark = get_spark_session(SparkConfig(master="local[2]"))
     path = str(tmp_path / "t")

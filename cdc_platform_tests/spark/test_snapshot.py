@@ -132,6 +132,8 @@ def test_parallel_snapshot_is_one_consistent_state(
     assert counters.count() == 3000
     assert counters_result.watermark.position > 0
     assert set(uuid_result.watermark.kafka_end_offsets) <= {0, 1, 2}
+    # a generation is read whole, never pruned: file statistics on its key alone
+    assert _statistics_columns(spark, uuid_result.path) == _statistics_columns(spark, counters_result.path) == "`id`"
 
 
 def test_chunks_cover_every_row_once_and_stay_even_for_any_key(env: CaptureEnv, spark: Any) -> None:
@@ -216,6 +218,15 @@ def test_chunks_of_keys_the_read_converts_hold_every_row_once(env: CaptureEnv, s
         assert result.spark_partitions >= 12, name
         written = spark.read.format("delta").load(result.path)
         assert sorted(r["n"] for r in written.select("n").collect()) == list(range(1, 1201)), name
+    assert _statistics_columns(spark, result.path) == "`at`"  # chunked waves: the key's statistics alone
+
+
+def _statistics_columns(spark: Any, path: str) -> str | None:
+    from delta.tables import DeltaTable
+
+    detail = DeltaTable.forPath(spark, path).detail().first()
+    assert detail is not None
+    return (detail["properties"] or {}).get("delta.dataSkippingStatsColumns")
 
 
 def _count(app: Any, query: str) -> int:

@@ -167,3 +167,20 @@ def test_an_installed_package_loads_its_code_location_anywhere(tmp_path: Path) -
     assert result.returncode == 0, result.stderr[-2000:]
     where, assets = result.stdout.split()
     assert where.startswith(str(site)) and int(assets) == 40
+
+
+def test_long_running_processes_log_info_without_alembics_start_up_lines() -> None:
+    # the apply opens the Dagster instance it reports to: alembic's dozen INFO lines at
+    # every start buried the apply log's own lines (a process of its own: logging is global)
+    import subprocess
+    import sys
+
+    script = (
+        "import logging; from cdc_platform.cli.main import configure_process_logging; "
+        "configure_process_logging(); logging.getLogger('alembic.runtime.migration').info('Context impl SQLiteImpl.'); "
+        "logging.getLogger('alembic.runtime.migration').warning('alembic warns'); "
+        "logging.getLogger('cdc_platform.apply').info('batch applied')"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stderr
+    assert "batch applied" in out and "alembic warns" in out
+    assert "SQLiteImpl" not in out
