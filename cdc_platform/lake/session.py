@@ -106,7 +106,7 @@ def session_conf(spark: SparkConfig) -> dict[str, str]:
         # i.e. the project's venv, not whatever python3 is first on PATH
         "spark.pyspark.python": sys.executable,
     }
-    if spark.master.startswith("local"):
+    if spark.master == "local" or spark.master.startswith("local["):  # not local-cluster: its executors are JVMs
         conf.update(LOCAL_MODE_CONF)
     conf.update(spark.conf)  # the user's settings win
     return conf

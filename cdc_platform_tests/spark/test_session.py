@@ -27,7 +27,8 @@ def test_a_local_session_never_declares_its_own_executor_lost() -> None:
     cached blocks. A cluster's executors keep Spark's heartbeat timeout."""
     key = "spark.storage.blockManagerHeartbeatTimeoutMs"
     assert int(session_conf(SparkConfig(master="local[2]"))[key]) >= 30 * 24 * 3600 * 1000
-    assert key not in session_conf(SparkConfig(master="spark://h:7077"))
+    for cluster in ("spark://h:7077", "local-cluster[2,1,1024]"):  # executors of their own
+        assert key not in session_conf(SparkConfig(master=cluster))
     spark = get_spark_session(SparkConfig(master="local[2]"))  # the session users run carries it
     assert int(spark.sparkContext.getConf().get(key)) >= 30 * 24 * 3600 * 1000
 
