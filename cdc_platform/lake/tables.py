@@ -104,8 +104,8 @@ def table_options(
 
 def _statistics_only_on(schema: DataType, columns: tuple[str, ...]) -> dict[str, str]:
     """Statistics on ``columns`` alone (dates and types Delta keeps no min/max for left out)."""
-    wanted = {_quoted(c) for c in columns}
-    indexed = [path for path, kind in _leaves(schema) if path in wanted and isinstance(kind, _statistics_types())]
+    wanted, eligible = {_quoted(c) for c in columns}, _statistics_types()
+    indexed = [path for path, kind in _leaves(schema) if path in wanted and isinstance(kind, eligible)]
     if not indexed:
         return {"delta.dataSkippingNumIndexedCols": "0"}
     return {"delta.dataSkippingStatsColumns": ",".join(indexed)}
@@ -137,8 +137,8 @@ def _statistics_options(schema: DataType, partition_by: tuple[str, ...]) -> dict
     leaves = list(_leaves(schema))
     if not any(isinstance(kind, T.DateType) for _, kind in leaves):
         return {}
-    partitions = {_quoted(name) for name in partition_by}
-    indexed = [path for path, kind in leaves if isinstance(kind, _statistics_types()) and path not in partitions]
+    partitions, eligible = {_quoted(name) for name in partition_by}, _statistics_types()
+    indexed = [path for path, kind in leaves if isinstance(kind, eligible) and path not in partitions]
     indexed = indexed[:STATISTICS_LEAVES]
     if not indexed:
         return {"delta.dataSkippingNumIndexedCols": "0"}
