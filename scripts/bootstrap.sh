@@ -4,7 +4,8 @@
 #     Maven, chromium;
 #   - a Python 3.11 venv in .venv with the pinned project and dev tools;
 #   - the JVM jars (Kafka broker, Spark-side Delta/Kafka connectors) resolved by mvn
-#     from the pinned poms in stack/jvm/ into .cdc/jars/ (ignored by git).
+#     from the pinned poms in stack/jvm/ into .cdc/jars/ (ignored by git);
+#   - the Spark driver's class archive (.cdc/jars/spark-class-archive/), for faster JVM starts.
 # Each step is skipped when its stamp matches, so a second run takes seconds.
 # --python-only: just the venv (what the fast test layer needs: no services, no jars).
 set -euo pipefail
@@ -102,4 +103,11 @@ resolve_jars kafka
 resolve_jars spark
 resolve_jars connect   # Kafka Connect worker (test stack: the Debezium producer)
 resolve_jars debezium  # the Debezium PostgreSQL connector, on the worker's classpath
+
+# --- the Spark driver's class archive -------------------------------------------
+# Spark's classes as a warm JVM loaded them, mapped by every later driver instead of parsed
+# again (devtools/spark_archive.py); built once per Java and pyspark, about a minute
+.venv/bin/python -m cdc_platform.devtools.spark_archive --jars-dir "$STATE/jars/spark" \
+  --log "$STATE/logs/spark-class-archive.log" \
+  || die "could not build the Spark driver's class archive; see .cdc/logs/spark-class-archive.log"
 say "ready"

@@ -10,8 +10,10 @@ needs no checkout.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,7 +111,51 @@ def session_conf(spark: SparkConfig) -> dict[str, str]:
     if spark.master == "local" or spark.master.startswith("local["):  # not local-cluster: its executors are JVMs
         conf.update(LOCAL_MODE_CONF)
     conf.update(spark.conf)  # the user's settings win
+    options = [driver_archive_option(spark), spark.conf.get(DRIVER_JAVA_OPTIONS)]
+    if any(options):  # after ours, so a user's own -XX:SharedArchiveFile (or -Xshare:off) wins
+        conf[DRIVER_JAVA_OPTIONS] = " ".join(o for o in options if o)
     return conf
+
+
+# The driver JVM's class-data-sharing archive: Spark's and Scala's classes as a JVM that ran
+# the platform's Delta work loaded them, mapped read-only instead of parsed and verified again
+# by every new driver (each Dagster run, each start of the apply). scripts/bootstrap.sh builds
+# it (devtools/spark_archive.py); without it the JVM starts as usual. Measured in
+# bench/bench_startup.py. Only the driver: executors of a cluster are started by Spark.
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+CLASS_ARCHIVE_DIR = "spark-class-archive"
+
+
+def class_archive(spark: SparkConfig) -> Path | None:
+    """Where this machine's driver class archive lives: beside the jars directory, named for
+    the Java and pyspark it was built with (another JVM build or Spark version has its own,
+    and until built none). None without a jars directory."""
+    directory = jars_dir(spark)
+    if directory is None:
+        return None
+    return directory.resolve().parent / CLASS_ARCHIVE_DIR / f"spark-{archive_key()}.jsa"
+
+
+def archive_key() -> str:
+    import pyspark
+
+    java = java_binary()
+    facts = [pyspark.__version__, str(java), str(java.stat().st_mtime_ns) if java else "no java"]
+    return hashlib.sha256("\0".join(facts).encode()).hexdigest()[:16]
+
+
+def java_binary() -> Path | None:
+    """The java spark-submit starts: $JAVA_HOME's, else the first on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    return Path(found).resolve() if found and Path(found).exists() else None
+
+
+def driver_archive_option(spark: SparkConfig) -> str | None:
+    archive = class_archive(spark)
+    if archive is None or not archive.is_file():
+        return None
+    return f'"-XX:SharedArchiveFile={archive}"' if " " in str(archive) else f"-XX:SharedArchiveFile={archive}"
 
 
 # In local mode the one executor is the driver's own JVM, so its heartbeat can only time out

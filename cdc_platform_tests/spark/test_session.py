@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cdc_platform.config.model import SparkConfig
-from cdc_platform.lake.session import NOISY_LOGGERS, get_spark_session, jar_settings, session_conf
+from cdc_platform.lake.session import NOISY_LOGGERS, class_archive, get_spark_session, jar_settings, session_conf
 
 
 def test_extra_jars_bring_delta_and_jdbc_but_not_sparks_own() -> None:
@@ -31,6 +31,18 @@ def test_a_local_session_never_declares_its_own_executor_lost() -> None:
         assert key not in session_conf(SparkConfig(master=cluster))
     spark = get_spark_session(SparkConfig(master="local[2]"))  # the session users run carries it
     assert int(spark.sparkContext.getConf().get(key)) >= 30 * 24 * 3600 * 1000
+
+
+def test_the_session_users_run_maps_the_class_archive_bootstrap_built() -> None:
+    """scripts/bootstrap.sh built the driver's class archive for this Java and pyspark, and the
+    driver JVM of the platform's session maps it (its classes are not parsed again)."""
+    archive = class_archive(SparkConfig())
+    assert archive is not None and archive.is_file(), f"no class archive at {archive}: run scripts/bootstrap.sh"
+    spark = get_spark_session(SparkConfig(master="local[2]"))
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    pid = jvm.java.lang.ProcessHandle.current().pid()
+    assert str(archive) in Path(f"/proc/{pid}/maps").read_text()
 
 
 def test_delta_round_trip(tmp_path: Path) -> None:

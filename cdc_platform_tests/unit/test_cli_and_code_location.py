@@ -147,6 +147,34 @@ def test_jars_come_from_a_setting_with_a_pinned_default(tmp_path: Path, monkeypa
     assert conf["spark.jars"].endswith("delta-spark_2.13-4.4.0.jar") and "spark.jars.packages" not in conf
 
 
+def test_the_driver_maps_the_class_archive_built_for_its_java_and_pyspark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every session's driver JVM maps the class archive bootstrap built beside the jars, once
+    it exists; an archive of another pyspark is not used; a user's own options come after
+    ours, so theirs win."""
+    import pyspark
+
+    from cdc_platform.config.model import SparkConfig
+    from cdc_platform.lake.session import DRIVER_JAVA_OPTIONS, class_archive
+
+    monkeypatch.delenv("CDC_SPARK_JARS_DIR", raising=False)
+    jars = tmp_path / "jars dir" / "spark"
+    jars.mkdir(parents=True)
+    spark = SparkConfig(jars_dir=str(jars))
+    assert DRIVER_JAVA_OPTIONS not in session_conf(spark)  # not built yet: the JVM starts as usual
+    archive = class_archive(spark)
+    assert archive is not None and archive.parent == jars.parent / "spark-class-archive"
+    archive.parent.mkdir()
+    archive.write_bytes(b"")
+    assert session_conf(spark)[DRIVER_JAVA_OPTIONS] == f'"-XX:SharedArchiveFile={archive}"'  # quoted: a space
+    mine = SparkConfig(jars_dir=str(jars), conf={DRIVER_JAVA_OPTIONS: "-Xss4m -Xshare:off"})
+    assert session_conf(mine)[DRIVER_JAVA_OPTIONS] == f'"-XX:SharedArchiveFile={archive}" -Xss4m -Xshare:off'
+    monkeypatch.setattr(pyspark, "__version__", "9.9.9")  # another Spark: its classes are not these
+    assert class_archive(spark) != archive and DRIVER_JAVA_OPTIONS not in session_conf(spark)
+    assert class_archive(SparkConfig()) is None  # no jars directory (packages from Maven Central): none
+
+
 def test_an_installed_package_loads_its_code_location_anywhere(tmp_path: Path) -> None:
     """The package copied away from the checkout (as a wheel installs it) still loads."""
     site = tmp_path / "site"
