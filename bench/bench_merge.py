@@ -137,13 +137,15 @@ def copy_current(spark: object, source: str, target: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 10_000_000])
+    parser.add_argument(
+        "--java-options", default="", help="more driver JVM options, e.g. -XX:+UseG1GC (Java's default collector)"
+    )
     args = parser.parse_args()
+    conf = {"spark.sql.shuffle.partitions": "8"}
+    if args.java_options:
+        conf["spark.driver.extraJavaOptions"] = args.java_options
     spark = get_spark_session(
-        SparkConfig(
-            master="local[*]",
-            jars_dir=str(REPO_ROOT / ".cdc" / "jars" / "spark"),
-            conf={"spark.sql.shuffle.partitions": "8"},
-        )
+        SparkConfig(master="local[*]", jars_dir=str(REPO_ROOT / ".cdc" / "jars" / "spark"), conf=conf)
     )
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_merge_") as tmp:

@@ -33,7 +33,7 @@ def test_a_local_session_never_declares_its_own_executor_lost() -> None:
     assert int(spark.sparkContext.getConf().get(key)) >= 30 * 24 * 3600 * 1000
 
 
-def test_the_session_users_run_maps_the_class_archive_bootstrap_built() -> None:
+def test_the_session_users_run_maps_the_class_archive_and_runs_the_parallel_collector() -> None:
     """scripts/bootstrap.sh built the driver's class archive for this Java and pyspark, and the
     driver JVM of the platform's session maps it (its classes are not parsed again)."""
     archive = class_archive(SparkConfig())
@@ -43,6 +43,9 @@ def test_the_session_users_run_maps_the_class_archive_bootstrap_built() -> None:
     assert jvm is not None
     pid = jvm.java.lang.ProcessHandle.current().pid()
     assert str(archive) in Path(f"/proc/{pid}/maps").read_text()
+    # and, local mode, the parallel collector (G1's young generation is "G1 Young Generation")
+    collectors = {b.getName() for b in jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()}
+    assert collectors == {"PS Scavenge", "PS MarkSweep"}, collectors
 
 
 def test_delta_round_trip(tmp_path: Path) -> None:

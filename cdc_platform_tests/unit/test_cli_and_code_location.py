@@ -162,17 +162,34 @@ def test_the_driver_maps_the_class_archive_built_for_its_java_and_pyspark(
     jars = tmp_path / "jars dir" / "spark"
     jars.mkdir(parents=True)
     spark = SparkConfig(jars_dir=str(jars))
-    assert DRIVER_JAVA_OPTIONS not in session_conf(spark)  # not built yet: the JVM starts as usual
+    assert "SharedArchiveFile" not in session_conf(spark)[DRIVER_JAVA_OPTIONS]  # not built yet: as usual
     archive = class_archive(spark)
     assert archive is not None and archive.parent == jars.parent / "spark-class-archive"
     archive.parent.mkdir()
     archive.write_bytes(b"")
-    assert session_conf(spark)[DRIVER_JAVA_OPTIONS] == f'"-XX:SharedArchiveFile={archive}"'  # quoted: a space
-    mine = SparkConfig(jars_dir=str(jars), conf={DRIVER_JAVA_OPTIONS: "-Xss4m -Xshare:off"})
+    assert session_conf(spark)[DRIVER_JAVA_OPTIONS].startswith(f'"-XX:SharedArchiveFile={archive}" ')  # quoted
+    mine = SparkConfig(master="spark://h:7077", jars_dir=str(jars), conf={DRIVER_JAVA_OPTIONS: "-Xss4m -Xshare:off"})
     assert session_conf(mine)[DRIVER_JAVA_OPTIONS] == f'"-XX:SharedArchiveFile={archive}" -Xss4m -Xshare:off'
     monkeypatch.setattr(pyspark, "__version__", "9.9.9")  # another Spark: its classes are not these
-    assert class_archive(spark) != archive and DRIVER_JAVA_OPTIONS not in session_conf(spark)
+    assert class_archive(spark) != archive and "SharedArchiveFile" not in session_conf(spark)[DRIVER_JAVA_OPTIONS]
     assert class_archive(SparkConfig()) is None  # no jars directory (packages from Maven Central): none
+
+
+def test_a_local_driver_runs_the_parallel_collector_unless_the_user_chose_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Local mode: the driver's JVM does all the work, and G1 spent a sixth of a history test in
+    pauses; a cluster's driver keeps Java's default. A collector the user names is the only
+    one (two, and the JVM refuses to start)."""
+    from cdc_platform.config.model import SparkConfig
+    from cdc_platform.lake.session import DRIVER_JAVA_OPTIONS
+
+    monkeypatch.delenv("CDC_SPARK_JARS_DIR", raising=False)
+    for master in ("local", "local[2]", "local[*]"):
+        assert session_conf(SparkConfig(master=master))[DRIVER_JAVA_OPTIONS] == "-XX:+UseParallelGC"
+    for master in ("spark://h:7077", "local-cluster[2,1,1024]"):
+        assert DRIVER_JAVA_OPTIONS not in session_conf(SparkConfig(master=master))
+    for theirs in ("-XX:+UseG1GC -Xss4m", "-XX:+UseZGC"):
+        chosen = session_conf(SparkConfig(master="local[2]", conf={DRIVER_JAVA_OPTIONS: theirs}))
+        assert chosen[DRIVER_JAVA_OPTIONS] == theirs
 
 
 def test_an_installed_package_loads_its_code_location_anywhere(tmp_path: Path) -> None:
