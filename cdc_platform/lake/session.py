@@ -152,8 +152,8 @@ CLASS_ARCHIVE_DIR = "spark-class-archive"
 
 def class_archive(spark: SparkConfig) -> Path | None:
     """Where this machine's driver class archive lives: beside the jars directory, named for
-    the Java and pyspark it was built with (another JVM build or Spark version has its own,
-    and until built none). None without a jars directory."""
+    the Java and pyspark it was built with (another JVM build, Spark version or install has
+    its own, and until built none). None without a jars directory."""
     directory = jars_dir(spark)
     if directory is None:
         return None
@@ -164,7 +164,9 @@ def archive_key() -> str:
     import pyspark
 
     java = java_binary()
-    facts = [pyspark.__version__, str(java), str(java.stat().st_mtime_ns) if java else "no java"]
+    # pyspark's place too: the archive holds its jars' paths, and another install's are refused
+    # (with a warning at every start) even at the same version
+    facts = [pyspark.__version__, pyspark.__file__, str(java), str(java.stat().st_mtime_ns) if java else "no java"]
     return hashlib.sha256("\0".join(facts).encode()).hexdigest()[:16]
 
 

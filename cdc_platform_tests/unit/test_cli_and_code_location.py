@@ -170,6 +170,11 @@ def test_the_driver_maps_the_class_archive_built_for_its_java_and_pyspark(
     assert session_conf(spark)[DRIVER_JAVA_OPTIONS].startswith(f'"-XX:SharedArchiveFile={archive}" ')  # quoted
     mine = SparkConfig(master="spark://h:7077", jars_dir=str(jars), conf={DRIVER_JAVA_OPTIONS: "-Xss4m -Xshare:off"})
     assert session_conf(mine)[DRIVER_JAVA_OPTIONS] == f'"-XX:SharedArchiveFile={archive}" -Xss4m -Xshare:off'
+    monkeypatch.setattr(pyspark, "__file__", "/elsewhere/pyspark/__init__.py")  # another install: its jars' paths
+    assert class_archive(spark) != archive and "SharedArchiveFile" not in session_conf(spark)[DRIVER_JAVA_OPTIONS]
+    monkeypatch.undo()
+    monkeypatch.delenv("CDC_SPARK_JARS_DIR", raising=False)
+    assert class_archive(spark) == archive
     monkeypatch.setattr(pyspark, "__version__", "9.9.9")  # another Spark: its classes are not these
     assert class_archive(spark) != archive and "SharedArchiveFile" not in session_conf(spark)[DRIVER_JAVA_OPTIONS]
     assert class_archive(SparkConfig()) is None  # no jars directory (packages from Maven Central): none
