@@ -141,7 +141,7 @@ def main() -> None:
         "--java-options", default="", help="more driver JVM options, e.g. -XX:+UseG1GC (Java's default collector)"
     )
     args = parser.parse_args()
-    conf = {"spark.sql.shuffle.partitions": "8"}
+    conf = {}  # the platform's defaults: what a user's local driver runs
     if args.java_options:
         conf["spark.driver.extraJavaOptions"] = args.java_options
     spark = get_spark_session(

@@ -110,11 +110,22 @@ def session_conf(spark: SparkConfig) -> dict[str, str]:
     }
     if _local(spark.master):
         conf.update(LOCAL_MODE_CONF)
+        conf["spark.sql.shuffle.partitions"] = str(SHUFFLE_PARTITIONS_PER_LOCAL_THREAD * local_threads(spark.master))
     conf.update(spark.conf)  # the user's settings win
     options = driver_java_options(spark)
     if options:
         conf[DRIVER_JAVA_OPTIONS] = options
     return conf
+
+
+def local_threads(master: str) -> int:
+    """The task threads of a local master: local -> 1, local[N] -> N, local[*] -> the cores."""
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
+    if match is None or match[1] is None:
+        return 1
+    if match[1] == "*":
+        return os.cpu_count() or 1
+    return max(1, int(match[1]))
 
 
 def _local(master: str) -> bool:
@@ -190,7 +201,16 @@ def driver_archive_option(spark: SparkConfig) -> str | None:
 # kills the heartbeat thread for good, and 120 s later the driver declared its own executor
 # lost ("Removing executor driver with no recent heartbeats"), dropping cached blocks and
 # shuffle output mid-batch. Seen in the long-running apply's log during the fault suite.
-LOCAL_MODE_CONF = {"spark.storage.blockManagerHeartbeatTimeoutMs": str(365 * 24 * 3600 * 1000)}
+LOCAL_MODE_CONF = {
+    "spark.storage.blockManagerHeartbeatTimeoutMs": str(365 * 24 * 3600 * 1000),
+    # Spark caches the classes it generates for a query's plan; at its default (100 plans)
+    # a driver applying many tables' batches, each table's merge its own plans, evicts
+    # and recompiles them every batch (Janino, then the JIT again)
+    "spark.sql.codegen.cache.maxEntries": "2000",
+}
+# A local driver's tasks share its threads: shuffle partitions beyond a few per thread are
+# per-task overhead only (AQE coalesces the reduce side, not the map side's files)
+SHUFFLE_PARTITIONS_PER_LOCAL_THREAD = 2
 
 
 def get_spark_session(spark: SparkConfig, app_name: str | None = None) -> SparkSession:

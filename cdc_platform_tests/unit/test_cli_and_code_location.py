@@ -197,6 +197,24 @@ def test_a_local_driver_runs_the_parallel_collector_unless_the_user_chose_one(mo
         assert chosen[DRIVER_JAVA_OPTIONS] == theirs
 
 
+def test_a_local_driver_shuffles_into_partitions_its_threads_can_run_and_keeps_generated_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Local mode: two shuffle partitions per task thread (8 on 2 threads cost a history test a
+    fifth of its CPU), and room for many tables' generated code; a cluster keeps 8, and the
+    user's own setting wins."""
+    from cdc_platform.config.model import SparkConfig
+
+    monkeypatch.delenv("CDC_SPARK_JARS_DIR", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    partitions = "spark.sql.shuffle.partitions"
+    expected = {"local": "2", "local[2]": "4", "local[*]": "6", "local[4, 2]": "8", "spark://h:7077": "8"}
+    assert {master: session_conf(SparkConfig(master=master))[partitions] for master in expected} == expected
+    assert session_conf(SparkConfig(master="local[2]", conf={partitions: "16"}))[partitions] == "16"
+    assert session_conf(SparkConfig(master="local[2]"))["spark.sql.codegen.cache.maxEntries"] == "2000"
+    assert "spark.sql.codegen.cache.maxEntries" not in session_conf(SparkConfig(master="spark://h:7077"))
+
+
 def test_an_installed_package_loads_its_code_location_anywhere(tmp_path: Path) -> None:
     """The package copied away from the checkout (as a wheel installs it) still loads."""
     site = tmp_path / "site"
