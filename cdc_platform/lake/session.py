@@ -120,7 +120,7 @@ def session_conf(spark: SparkConfig) -> dict[str, str]:
 
 def local_threads(master: str) -> int:
     """The task threads of a local master: local -> 1, local[N] -> N, local[*] -> the cores."""
-    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master.strip())
+    match = _LOCAL_MASTER.fullmatch(master.strip())
     if match is None or match[1] is None:
         return 1
     if match[1] == "*":
@@ -128,16 +128,23 @@ def local_threads(master: str) -> int:
     return max(1, int(match[1]))
 
 
+# local, local[N], local[*], local[N, F] (F: task failures allowed); not local-cluster[…],
+# whose executors are JVMs of their own
+_LOCAL_MASTER = re.compile(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?")
+
+
 def _local(master: str) -> bool:
-    """One JVM does everything: the driver is the executor (not local-cluster: its executors are JVMs)."""
-    return master == "local" or master.startswith("local[")
+    """One JVM does everything: the driver is the executor."""
+    return _LOCAL_MASTER.fullmatch(master.strip()) is not None
 
 
 def driver_java_options(spark: SparkConfig) -> str | None:
     """The driver JVM's options: the class archive, the collector in local mode, then the
-    user's own (after ours, so theirs win: their -XX:SharedArchiveFile, -Xshare:off)."""
+    user's own (after ours, so theirs win). A user who sets class sharing up themselves
+    (-Xshare, their own archive, or dumping one) gets only theirs: beside ours,
+    -XX:ArchiveClassesAtExit stops the JVM from starting."""
     user = spark.conf.get(DRIVER_JAVA_OPTIONS, "")
-    options = [driver_archive_option(spark)]
+    options = [] if _CLASS_SHARING.search(user) else [driver_archive_option(spark)]
     if _local(spark.master) and not _COLLECTOR.search(user):  # two collectors: the JVM refuses to start
         options.append(LOCAL_MODE_COLLECTOR)
     options.append(user)
@@ -150,6 +157,10 @@ def driver_java_options(spark: SparkConfig) -> str | None:
 # collector, and the test took 105-107 s instead of 119-121 s (docs/benchmarks.md).
 LOCAL_MODE_COLLECTOR = "-XX:+UseParallelGC"
 _COLLECTOR = re.compile(r"-XX:\+Use\w+GC\b")
+_CLASS_SHARING = re.compile(
+    r"-Xshare:|-XX:(?:SharedArchiveFile|ArchiveClassesAtExit|SharedClassListFile|DumpLoadedClassList)=|"
+    r"-XX:[+-]AutoCreateSharedArchive\b"
+)
 
 
 # The driver JVM's class-data-sharing archive: Spark's and Scala's classes as a JVM that ran

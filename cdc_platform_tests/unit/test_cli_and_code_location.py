@@ -168,8 +168,14 @@ def test_the_driver_maps_the_class_archive_built_for_its_java_and_pyspark(
     archive.parent.mkdir()
     archive.write_bytes(b"")
     assert session_conf(spark)[DRIVER_JAVA_OPTIONS].startswith(f'"-XX:SharedArchiveFile={archive}" ')  # quoted
-    mine = SparkConfig(master="spark://h:7077", jars_dir=str(jars), conf={DRIVER_JAVA_OPTIONS: "-Xss4m -Xshare:off"})
-    assert session_conf(mine)[DRIVER_JAVA_OPTIONS] == f'"-XX:SharedArchiveFile={archive}" -Xss4m -Xshare:off'
+    mine = SparkConfig(master="spark://h:7077", jars_dir=str(jars), conf={DRIVER_JAVA_OPTIONS: "-Xss4m"})
+    assert session_conf(mine)[DRIVER_JAVA_OPTIONS] == f'"-XX:SharedArchiveFile={archive}" -Xss4m'
+    # class sharing of their own: only theirs (with ours beside -XX:ArchiveClassesAtExit the
+    # JVM refuses to start: "DynamicDumpSharedSpaces is unsupported when base CDS archive is
+    # not loaded")
+    for theirs in ("-Xshare:off", "-XX:ArchiveClassesAtExit=/t/a.jsa", "-Xss4m -XX:SharedArchiveFile=/t/b.jsa"):
+        cds = SparkConfig(master="spark://h:7077", jars_dir=str(jars), conf={DRIVER_JAVA_OPTIONS: theirs})
+        assert session_conf(cds)[DRIVER_JAVA_OPTIONS] == theirs
     monkeypatch.setattr(pyspark, "__file__", "/elsewhere/pyspark/__init__.py")  # another install: its jars' paths
     assert class_archive(spark) != archive and "SharedArchiveFile" not in session_conf(spark)[DRIVER_JAVA_OPTIONS]
     monkeypatch.undo()
