@@ -180,6 +180,24 @@ def test_chunks_cover_every_row_once_and_stay_even_for_any_key(env: CaptureEnv, 
         assert len(ranges) == 8 and max(ranges) <= 2 * median and min(ranges) * 2 >= median, (name, sizes)
 
 
+def test_a_wrong_row_estimate_changes_how_many_chunks_never_their_size(env: CaptureEnv) -> None:
+    """An incremental plan walks the key in steps sized from ``pg_class``'s estimate, which
+    a busy table outgrows between two ANALYZEs: with an estimate a third of the truth or
+    thirty times it, every row is still in exactly one chunk, no chunk is above
+    ``chunk_rows`` but the last (a short remainder joins it: at most 1.5 steps), and the
+    rows walked are the table's."""
+    from cdc_platform.sources.postgres.chunks import walk_chunks
+
+    with env.app() as app:
+        app.execute("INSERT INTO tenant_rows SELECT 't' || (g % 7), g FROM generate_series(1, 3000) g")
+        for estimate, chunks in ((1000, 9), (90_000, 8), (0, 8)):  # 0: never analyzed, counted
+            rows, predicates = walk_chunks(app, env.schema, "tenant_rows", ("tenant", "n"), False, estimate, 400)
+            sizes = [_count(app, f"SELECT count(*) FROM tenant_rows WHERE {p}") for p in predicates]
+            uncovered = _count(app, f"SELECT count(*) FROM tenant_rows WHERE NOT ({' OR '.join(predicates)})")
+            assert (rows, sum(sizes), uncovered, len(sizes)) == (3000, 3000, 0, chunks), (estimate, sizes)
+            assert max(sizes[:-1]) <= 400 and sizes[-1] <= 600, (estimate, sizes)
+
+
 def test_a_key_holding_null_rejects_the_generation_saying_so(env: CaptureEnv, spark: Any) -> None:
     """The blocking keys check fails on a NULL key, so a generation with one is rejected,
     naming the NULL and the fix. Before: it was rejected as "not unique" (Spark's distinct

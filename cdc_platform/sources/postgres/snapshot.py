@@ -14,7 +14,8 @@ Order matters for correctness:
    column is read through an expression that keeps its value exact.
 
 With ``snapshot.mode: incremental`` (the default) step 2 is skipped: the plan's short
-transaction ends before the read, and each chunk is read in a transaction of its own, at
+transaction ends before the chunks are planned (each step of the key walk in a statement
+of its own, ``chunks.walk_chunks``), and each chunk is read in a transaction of its own, at
 its own instant after the watermark. Every change after the watermark is replayed over the
 generation, so each row converges to its last change whenever its chunk was read (a key
 range never loses a row to a concurrent UPDATE, see ``chunks.py``); the row count is no
@@ -39,7 +40,7 @@ from cdc_platform.model.generations import Watermark
 from cdc_platform.model.tables import LakeColumn, SourceTable, TableSchema, resolve_key
 from cdc_platform.sources.base import ColumnRead, JdbcRead, SnapshotPlan
 from cdc_platform.sources.postgres.catalog import count_rows, describe_table, resolve_pg_types, table_schema
-from cdc_platform.sources.postgres.chunks import plan_chunks
+from cdc_platform.sources.postgres.chunks import plan_chunks, walk_chunks
 from cdc_platform.sources.postgres.slot import current_wal_position
 from cdc_platform.sources.postgres.stream import PostgresEndpoint
 
@@ -81,20 +82,39 @@ def snapshot_plan(
         coordinator.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         exported = coordinator.execute("SELECT pg_export_snapshot()").fetchone() if consistent else None
         described, schema = describe(coordinator, table)
-        source_rows = count_rows(coordinator, described.schema, described.name)
-        key_nullable = any(c.nullable for c in schema.columns if c.name in schema.key)
-        predicates = plan_chunks(
-            coordinator, described.schema, described.name, schema.key, key_nullable, source_rows,
-            table.snapshot.chunk_rows,
-        )  # fmt: skip
-        if not consistent:
-            coordinator.execute("COMMIT")  # no transaction outlives the plan: each chunk reads in its own
+        if consistent:  # the chunks of the exported snapshot's state, counted in it
+            source_rows, predicates = _chunks_in_snapshot(coordinator, described, schema, table.snapshot.chunk_rows)
+        else:  # no transaction outlives a statement of the plan; each chunk reads in its own
+            coordinator.execute("COMMIT")
+            source_rows, predicates = _incremental_chunks(coordinator, described, schema, table.snapshot.chunk_rows)
         read = jdbc_read(endpoint, described, schema, predicates, str(exported[0]) if exported else None)
         yield SnapshotPlan(
             table.key, watermark, schema, read, source_rows, described.schema_hash(), described, consistent
         )
         if consistent:
             coordinator.execute("COMMIT")
+
+
+def _chunks_in_snapshot(
+    conn: psycopg.Connection[tuple[Any, ...]], described: SourceTable, schema: TableSchema, chunk_rows: int
+) -> tuple[int, list[str]]:
+    rows = count_rows(conn, described.schema, described.name)
+    key_nullable = any(c.nullable for c in schema.columns if c.name in schema.key)
+    return rows, plan_chunks(conn, described.schema, described.name, schema.key, key_nullable, rows, chunk_rows)
+
+
+def _incremental_chunks(
+    conn: psycopg.Connection[tuple[Any, ...]], described: SourceTable, schema: TableSchema, chunk_rows: int
+) -> tuple[int, list[str]]:
+    """The primary key's index is walked a step at a time. A configured key may have no
+    index: then each step would sort the table, so its keys are numbered in one statement
+    (one scan, as each chunk's read of such a key is anyway)."""
+    if tuple(schema.key) != described.primary_key:
+        return _chunks_in_snapshot(conn, described, schema, chunk_rows)
+    key_nullable = any(c.nullable for c in schema.columns if c.name in schema.key)
+    return walk_chunks(
+        conn, described.schema, described.name, schema.key, key_nullable, described.estimated_rows, chunk_rows
+    )
 
 
 def describe(conn: psycopg.Connection[tuple[Any, ...]], table: TableConfig) -> tuple[SourceTable, TableSchema]:
