@@ -43,9 +43,7 @@ def boundaries_query(schema: str, table: str, key: Sequence[str], chunks: int, r
     """The last key of each of ``chunks`` runs of equal length (±1 row) in key order, but
     the last run's (the last chunk is open-ended), each column as a PostgreSQL literal.
     Row ``rn`` ends a run when ``rn * chunks / rows`` passes a whole number there."""
-    keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
-    literals = sql.SQL(", ").join(sql.SQL("quote_literal({}::text)").format(sql.Identifier(k)) for k in key)
-    not_null = sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(sql.Identifier(k)) for k in key)
+    keys, literals, not_null = _key_list(key), _key_literals(key), _not_null(key)
     return sql.SQL(
         "SELECT {literals} FROM (SELECT {keys}, row_number() OVER (ORDER BY {keys}) AS {rn} FROM {schema}.{table} "
         "WHERE {not_null}) AS ordered "
@@ -99,13 +97,21 @@ def walk_chunks(
 
 def _step_query(schema: str, table: str, key: Sequence[str], after: Sequence[Sequence[str]], step: int) -> sql.Composed:
     """The key ``step`` rows on from ``after`` (from the first key when empty), as literals."""
-    keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
-    literals = sql.SQL(", ").join(sql.SQL("quote_literal({}::text)").format(sql.Identifier(k)) for k in key)
+    keys, literals = _key_list(key), _key_literals(key)
     query = "SELECT {literals} FROM {schema}.{table} WHERE {where} ORDER BY {keys} OFFSET {skip} LIMIT 1"
     return sql.SQL(query).format(
         literals=literals, schema=sql.Identifier(schema), table=sql.Identifier(table), where=_after(key, after),
         keys=keys, skip=sql.Literal(step - 1),
     )  # fmt: skip
+
+
+def _key_list(key: Sequence[str]) -> sql.Composable:
+    return sql.SQL(", ").join(sql.Identifier(k) for k in key)
+
+
+def _key_literals(key: Sequence[str]) -> sql.Composable:
+    """Each key column as a PostgreSQL literal of its text form."""
+    return sql.SQL(", ").join(sql.SQL("quote_literal({}::text)").format(sql.Identifier(k)) for k in key)
 
 
 def _not_null(key: Sequence[str]) -> sql.Composable:
@@ -118,9 +124,8 @@ def _after(key: Sequence[str], after: Sequence[Sequence[str]]) -> sql.Composable
     own ``quote_literal`` output."""
     if not after:
         return _not_null(key)
-    keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
     bound = sql.SQL(", ").join(sql.SQL(v) for v in after[0])
-    return sql.SQL("{} AND ({}) > ({})").format(_not_null(key), keys, bound)
+    return sql.SQL("{} AND ({}) > ({})").format(_not_null(key), _key_list(key), bound)
 
 
 def _count(
