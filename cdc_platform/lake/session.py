@@ -139,14 +139,16 @@ def _local(master: str) -> bool:
 
 
 def driver_java_options(spark: SparkConfig) -> str | None:
-    """The driver JVM's options: the class archive, the collector in local mode, then the
-    user's own (after ours, so theirs win). A user who sets class sharing up themselves
-    (-Xshare, their own archive, or dumping one) gets only theirs: beside ours,
+    """The driver JVM's options: the class archive, the collector and JIT thresholds in local
+    mode, then the user's own (after ours, so theirs win). A user who sets class sharing up
+    themselves (-Xshare, their own archive, or dumping one) gets only theirs: beside ours,
     -XX:ArchiveClassesAtExit stops the JVM from starting."""
     user = spark.conf.get(DRIVER_JAVA_OPTIONS, "")
     options = [] if _CLASS_SHARING.search(user) else [driver_archive_option(spark)]
-    if _local(spark.master) and not _COLLECTOR.search(user):  # two collectors: the JVM refuses to start
-        options.append(LOCAL_MODE_COLLECTOR)
+    if _local(spark.master):
+        if not _COLLECTOR.search(user):  # two collectors: the JVM refuses to start
+            options.append(LOCAL_MODE_COLLECTOR)
+        options.append(LOCAL_MODE_LAZIER_C2)
     options.append(user)
     return " ".join(o for o in options if o) or None
 
@@ -156,6 +158,16 @@ def driver_java_options(spark: SparkConfig) -> str | None:
 # paused 17-21 s in a 120 s test of history batches, against 3.7 s for the parallel
 # collector, and the test took 105-107 s instead of 119-121 s (docs/benchmarks.md).
 LOCAL_MODE_COLLECTOR = "-XX:+UseParallelGC"
+# ... and its JIT compiles on the same few cores as that work (and PostgreSQL, Kafka, capture
+# beside it). With Java's thresholds C2 compiles every lukewarm method of Spark's planner: a
+# cold `cdc-platform apply --once` of one small batch spent 50-68 CPU-s on 2 cores, and a
+# loop of 20-change MERGEs 180-211. Ten times the thresholds keep C2 for the hot code: the
+# same 43-44 and 155-157 CPU-s, the MERGEs as fast (2.92-2.95 s against 2.86-3.27 s), where
+# C1 alone (-XX:TieredStopAtLevel=1) made them 40-55 % slower (docs/benchmarks.md).
+LOCAL_MODE_LAZIER_C2 = (
+    "-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
+    "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000"
+)
 _COLLECTOR = re.compile(r"-XX:\+Use\w+GC\b")
 _CLASS_SHARING = re.compile(
     r"-Xshare:|-XX:(?:SharedArchiveFile|ArchiveClassesAtExit|SharedClassListFile|DumpLoadedClassList)=|"

@@ -186,21 +186,31 @@ def test_the_driver_maps_the_class_archive_built_for_its_java_and_pyspark(
     assert class_archive(SparkConfig()) is None  # no jars directory (packages from Maven Central): none
 
 
-def test_a_local_driver_runs_the_parallel_collector_unless_the_user_chose_one(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_local_driver_runs_the_parallel_collector_and_lazier_c2_unless_the_user_chose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Local mode: the driver's JVM does all the work, and G1 spent a sixth of a history test in
-    pauses; a cluster's driver keeps Java's default. A collector the user names is the only
-    one (two, and the JVM refuses to start)."""
+    pauses; C2 compiled lukewarm code with a fifth of the process's CPU. A cluster's driver
+    keeps Java's defaults. A collector the user names is the only one (two, and the JVM
+    refuses to start); their JIT thresholds come after ours, so theirs win."""
     from cdc_platform.config.model import SparkConfig
     from cdc_platform.lake.session import DRIVER_JAVA_OPTIONS
 
     monkeypatch.delenv("CDC_SPARK_JARS_DIR", raising=False)
+    lazier_c2 = (
+        "-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
+        "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000"
+    )
     for master in ("local", "local[2]", "local[*]"):
-        assert session_conf(SparkConfig(master=master))[DRIVER_JAVA_OPTIONS] == "-XX:+UseParallelGC"
+        assert session_conf(SparkConfig(master=master))[DRIVER_JAVA_OPTIONS] == f"-XX:+UseParallelGC {lazier_c2}"
     for master in ("spark://h:7077", "local-cluster[2,1,1024]"):
         assert DRIVER_JAVA_OPTIONS not in session_conf(SparkConfig(master=master))
     for theirs in ("-XX:+UseG1GC -Xss4m", "-XX:+UseZGC"):
         chosen = session_conf(SparkConfig(master="local[2]", conf={DRIVER_JAVA_OPTIONS: theirs}))
-        assert chosen[DRIVER_JAVA_OPTIONS] == theirs
+        assert chosen[DRIVER_JAVA_OPTIONS] == f"{lazier_c2} {theirs}"
+    theirs = "-XX:Tier4InvocationThreshold=7000"
+    chosen = session_conf(SparkConfig(master="local[2]", conf={DRIVER_JAVA_OPTIONS: theirs}))
+    assert chosen[DRIVER_JAVA_OPTIONS].endswith(f"-XX:Tier4BackEdgeThreshold=400000 {theirs}")  # the last one counts
 
 
 def test_a_local_driver_shuffles_into_partitions_its_threads_can_run_and_keeps_generated_code(
