@@ -161,8 +161,8 @@ LOCAL_MODE_COLLECTOR = "-XX:+UseParallelGC"
 # ... and its JIT compiles on the same few cores as that work (and PostgreSQL, Kafka, capture
 # beside it). With Java's thresholds C2 compiles every lukewarm method of Spark's planner: a
 # cold `cdc-platform apply --once` of one small batch spent 50-68 CPU-s on 2 cores, and a
-# loop of 20-change MERGEs 180-211. Ten times the thresholds keep C2 for the hot code: the
-# same 43-44 and 155-157 CPU-s, the MERGEs as fast (2.92-2.95 s against 2.86-3.27 s), where
+# loop of 20-change MERGEs 180-211. Ten times the thresholds keep C2 for the hot code and
+# took 43-44 and 155-157 CPU-s, the MERGEs as fast (2.92-2.95 s against 2.86-3.27 s), where
 # C1 alone (-XX:TieredStopAtLevel=1) made them 40-55 % slower (docs/benchmarks.md).
 LOCAL_MODE_LAZIER_C2 = (
     "-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
