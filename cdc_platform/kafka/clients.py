@@ -4,7 +4,8 @@ Every consumer, producer and admin client of the platform is built here from the
 ``kafka:`` config (TLS/SASL options included, secrets from the environment), with one
 group-id scheme (``cdc_platform.<purpose>``; the platform never commits consumer
 offsets: positions live in the ledger). Each question opens a client, asks, and closes
-it. Broker trouble is a ``RetriableError``; a missing topic is an empty answer.
+it; a partition whose leader is moving is asked again with backoff. Other broker trouble
+is a ``RetriableError``; a missing topic is an empty answer.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -25,6 +25,12 @@ from cdc_platform.model.errors import FatalError, RetriableError
 from cdc_platform.model.windows import PartitionFacts
 
 TIMEOUT_S = 15.0
+# "not the leader" lasts while a new topic's leader is elected or a restarted broker takes
+# its partitions back: a few seconds, so 0.25 s doubling over 6 attempts waits up to ~8 s
+LEADERSHIP_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
+ASK_ATTEMPTS = 6
+ASK_FIRST_BACKOFF_S = 0.25
+T = TypeVar("T")
 
 __all__ = ["KafkaClients", "PartitionFacts", "worker_consumer"]
 
@@ -67,41 +73,42 @@ class KafkaClients:
     def admin(self) -> AdminClient:
         return AdminClient(self.kafka.client_config())
 
-    @contextmanager
-    def _asking(self, purpose: str) -> Iterator[Consumer]:
-        consumer = self.consumer(purpose)
-        try:
-            yield consumer
-        except KafkaException as exc:
-            raise RetriableError(f"Kafka at {self.kafka.bootstrap_servers} did not answer ({purpose}): {exc}") from None
-        finally:
-            consumer.close()
+    def _ask(self, purpose: str, question: Callable[[Consumer], T]) -> T:
+        """``question`` asked of a fresh consumer; asked again with backoff while a broker
+        answers that it is not (yet) the partition's leader, which a new topic's election or
+        a broker restart answers for a few seconds. Other broker trouble, or a leader that
+        does not come, is a ``RetriableError`` for the caller's own retry."""
+        delay = ASK_FIRST_BACKOFF_S
+        for attempt in range(1, ASK_ATTEMPTS + 1):
+            consumer = self.consumer(purpose)
+            try:
+                return question(consumer)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                code = error.code() if isinstance(error, KafkaError) else None
+                if code not in LEADERSHIP_MOVING or attempt == ASK_ATTEMPTS:
+                    raise RetriableError(
+                        f"Kafka at {self.kafka.bootstrap_servers} did not answer ({purpose}): {exc}"
+                    ) from None
+            finally:
+                consumer.close()
+            time.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     # ------------------------------------------------------------ offsets
 
     def partitions(self, topic: str) -> list[int] | None:
         """The topic's partitions, or None if it does not exist."""
-        with self._asking("metadata") as consumer:
-            return _partitions(consumer, topic)
+        return self._ask("metadata", lambda consumer: _partitions(consumer, topic))
 
     def watermarks(self, topic: str) -> dict[int, tuple[int, int]]:
         """Partition -> (earliest offset held, end offset); {} for a missing topic."""
-        with self._asking("offsets") as consumer:
-            return {
-                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT_S)
-                for p in _partitions(consumer, topic) or []
-            }
+        return self._ask("offsets", lambda consumer: _watermarks(consumer, topic))
 
     def watermarks_of(self, topics: Sequence[str]) -> dict[str, dict[int, tuple[int, int]]]:
         """``watermarks`` of several topics with one client (a stream apply's pass)."""
-        with self._asking("offsets") as consumer:
-            return {
-                topic: {
-                    p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT_S)
-                    for p in _partitions(consumer, topic) or []
-                }
-                for topic in topics
-            }
+        return self._ask("offsets", lambda consumer: {topic: _watermarks(consumer, topic) for topic in topics})
 
     def end_offsets(self, topic: str) -> dict[int, int]:
         return {p: high for p, (_, high) in self.watermarks(topic).items()}
@@ -114,10 +121,8 @@ class KafkaClients:
         if not partitions:
             return {}
         millis = int(when.timestamp() * 1000)
-        with self._asking("offsets") as consumer:
-            found = consumer.offsets_for_times(
-                [TopicPartition(topic, p, millis) for p in partitions], timeout=TIMEOUT_S
-            )
+        wanted = [TopicPartition(topic, p, millis) for p in partitions]
+        found = self._ask("offsets", lambda consumer: consumer.offsets_for_times(wanted, timeout=TIMEOUT_S))
         return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
 
     def every_partition_past(self, topic: str, when: datetime) -> bool:
@@ -142,7 +147,8 @@ class KafkaClients:
     def latest_values(self, topic: str, purpose: str, wait_s: float = 60.0) -> dict[bytes, bytes | None]:
         """Key -> newest value of a single-partition compacted topic (heartbeats, stored
         cursors), read from its start to its end."""
-        with self._asking(purpose) as consumer:
+
+        def read(consumer: Consumer) -> dict[bytes, bytes | None]:
             if _partitions(consumer, topic) is None:
                 return {}
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=TIMEOUT_S)
@@ -151,9 +157,12 @@ class KafkaClients:
             consumer.assign([TopicPartition(topic, 0, low)])
             return _read_to(consumer, topic, high, wait_s)
 
+        return self._ask(purpose, read)
+
     def last_value(self, topic: str, purpose: str) -> bytes | None:
         """The value of the newest record of a single-partition topic (None: none)."""
-        with self._asking(purpose) as consumer:
+
+        def read(consumer: Consumer) -> bytes | None:
             if _partitions(consumer, topic) is None:
                 return None
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=TIMEOUT_S)
@@ -162,6 +171,8 @@ class KafkaClients:
             consumer.assign([TopicPartition(topic, 0, high - 1)])
             msg = consumer.poll(TIMEOUT_S)
             return None if msg is None or msg.error() else msg.value()
+
+        return self._ask(purpose, read)
 
     # ------------------------------------------------------------ topics
 
@@ -206,6 +217,13 @@ def _partitions(consumer: Consumer, topic: str) -> list[int] | None:
     if found is None or found.error is not None:
         return None
     return sorted(found.partitions)
+
+
+def _watermarks(consumer: Consumer, topic: str) -> dict[int, tuple[int, int]]:
+    return {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT_S)
+        for p in _partitions(consumer, topic) or []
+    }
 
 
 def _read_to(consumer: Consumer, topic: str, high: int, wait_s: float) -> dict[bytes, bytes | None]:
