@@ -201,11 +201,33 @@ def capture_password(stack: StackProfile) -> str:
     return os.environ["CDC_PG_PASSWORD"]
 
 
+# Spark's own test switch between generated and interpreted projections. A task of a
+# tiny test table spent more CPU generating the code of its projections (Delta's nested
+# actions above all) than running them: interpreted, the suite's Spark work costs about a
+# fifth less CPU (docs/benchmarks.md). Tests marked ``spark_codegen`` (the value cases)
+# run generated code, as production does; so do the processes the tests start.
+CODEGEN_FACTORY_MODE = "spark.sql.codegen.factoryMode"
+
+
 @pytest.fixture(scope="session")
 def spark() -> Any:
     """One local Spark session for every test that needs Spark (getOrCreate shares it with
-    the PySpark resource of in-process Dagster runs)."""
+    the PySpark resource of in-process Dagster runs), on interpreted projections."""
     from cdc_platform.config.model import SparkConfig
     from cdc_platform.lake.session import get_spark_session
 
-    return get_spark_session(SparkConfig(master="local[2]"))
+    return get_spark_session(SparkConfig(master="local[2]", conf={CODEGEN_FACTORY_MODE: "NO_CODEGEN"}))
+
+
+@pytest.fixture(autouse=True)
+def _spark_codegen(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked ``spark_codegen`` runs Spark's generated projections (production's)."""
+    if request.node.get_closest_marker("spark_codegen") is None:
+        yield
+        return
+    spark = request.getfixturevalue("spark")
+    spark.conf.set(CODEGEN_FACTORY_MODE, "FALLBACK")
+    try:
+        yield
+    finally:
+        spark.conf.set(CODEGEN_FACTORY_MODE, "NO_CODEGEN")

@@ -230,6 +230,11 @@ LOCAL_MODE_CONF = {
     # a driver applying many tables' batches, each table's merge its own plans, evicts
     # and recompiles them every batch (Janino, then the JIT again)
     "spark.sql.codegen.cache.maxEntries": "2000",
+    # Delta rebuilds a table's state (its files) at each new version in this many tasks, and
+    # each task generates the projection code of Delta's nested actions anew: one task per
+    # state costs 13-15 % less CPU than four in a test of history batches (docs/benchmarks.md),
+    # and the lake's tables are small enough in files for one thread to replay their logs
+    "spark.databricks.delta.snapshotPartitions": "1",
 }
 # A local driver's tasks share its threads: shuffle partitions beyond a few per thread are
 # per-task overhead only (AQE coalesces the reduce side, not the map side's files)

@@ -102,6 +102,7 @@ def types_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
     yield from make_capture_env(demo_db, tmp_path, type_cases_ddl(), ["type_cases"])
 
 
+@pytest.mark.spark_codegen
 def test_every_type_case_through_the_changelog_equals_the_source(types_env: CaptureEnv, spark: Any) -> None:
     from cdc_platform_tests.cases.pg_types import TYPE_CASES
 

@@ -30,7 +30,7 @@ from cdc_platform_tests.cases.pg_edges import EDGE_CASES, EDGE_COLUMNS, REFUSED_
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 from cdc_platform_tests.spark.readers import delta_rs, duckdb_table
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark_codegen]
 
 INT32 = (2**31 - 1, -(2**31))
 INT64 = (2**63 - 1, -(2**63))

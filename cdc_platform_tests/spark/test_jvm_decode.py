@@ -189,6 +189,7 @@ def _raw(spark: Any, records: list[tuple[bytes | None, bytes | None]]) -> Any:
     return spark.createDataFrame(rows, schema).select(*RAW_COLUMNS)
 
 
+@pytest.mark.spark_codegen
 @pytest.mark.parametrize("encoding", ENCODINGS, ids=["platform", "string-decimals-hex-adaptive", "url-safe"])
 def test_every_record_decodes_the_same_in_the_jvm_as_in_python(spark: Any, encoding: ValueEncoding) -> None:
     debezium, good = _debezium_records()

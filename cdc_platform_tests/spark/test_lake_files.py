@@ -25,7 +25,7 @@ from cdc_platform.devtools.lake import Lake
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 from cdc_platform_tests.spark.readers import delta_rs
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark_codegen]
 
 DDL = ["CREATE TABLE moments (id int PRIMARY KEY, d date, ts timestamp, tz timestamptz, note text)"]
 # (date, timestamp, timestamptz): the 1582 gap, its edges, years 1 and 9999, leap days,

@@ -59,6 +59,7 @@ def _as_source(rows: dict[int, dict[str, Any]]) -> dict[int, tuple[str, str, boo
     return {k: (r["email"], str(r["balance"]), r["active"]) for k, r in rows.items()}
 
 
+@pytest.mark.spark_codegen
 def test_every_mariadb_type_lands_the_same_through_snapshot_and_polling(env: PollingEnv, spark: Any) -> None:
     env.write_config(f"  - name: crm.{env.database}.type_cases\n    poll: {POLL}}}\n    changelog: {{grace_s: 0}}\n")
     lake = Lake(env.config, spark)

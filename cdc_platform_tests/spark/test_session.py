@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from cdc_platform.config.model import SparkConfig
 from cdc_platform.lake.session import NOISY_LOGGERS, class_archive, get_spark_session, jar_settings, session_conf
@@ -94,3 +97,22 @@ def test_every_session_users_run_quiets_the_per_batch_warnings_and_keeps_the_oth
         assert levels() == {"ERROR"}
         assert str(manager.getLogger("org.apache.spark.sql.delta.DeltaLog").getLevel()) == "WARN"
     assert "org.apache.spark.rdd.MapPartitionsRDD" in NOISY_LOGGERS
+
+
+def _projection_code_generated(spark: Any) -> bool:
+    """Whether a projection built now is generated code (not Spark's interpreted one)."""
+    jvm = spark.sparkContext._jvm
+    schema = spark.range(1).select("id")._jdf.schema()
+    projection = jvm.org.apache.spark.sql.catalyst.expressions.UnsafeProjection.create(schema)
+    return "Interpreted" not in projection.getClass().getName()
+
+
+def test_the_suites_session_interprets_projections(spark: Any) -> None:
+    """The in-process session of the tests skips generating projection code (conftest.py)..."""
+    assert not _projection_code_generated(spark)
+
+
+@pytest.mark.spark_codegen
+def test_a_value_case_runs_generated_projections_as_production_does(spark: Any) -> None:
+    """... except for the tests marked spark_codegen."""
+    assert _projection_code_generated(spark)

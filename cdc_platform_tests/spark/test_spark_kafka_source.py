@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_platform.devtools.stack.profiles import StackProfile
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark_codegen]
 
 
 def _produce(bootstrap: str, topic: str, count: int) -> None:

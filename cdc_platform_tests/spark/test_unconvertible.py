@@ -18,7 +18,7 @@ from cdc_platform.devtools.lake import Lake
 from cdc_platform.model.errors import DeadLetterError
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark_codegen]
 
 DDL = [
     "CREATE TABLE edges (id int PRIMARY KEY, ts timestamp, xs int[])",

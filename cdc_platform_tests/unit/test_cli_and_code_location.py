@@ -268,3 +268,16 @@ def test_long_running_processes_log_info_without_alembics_start_up_lines() -> No
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stderr
     assert "batch applied" in out and "alembic warns" in out
     assert "SQLiteImpl" not in out
+
+
+def test_a_local_driver_rebuilds_delta_state_in_one_task_unless_the_user_chose() -> None:
+    """Each task of Delta's state rebuild generates the code of its nested actions anew: in
+    local mode, where the lake's tables are small in files, one task per state; a cluster
+    keeps four, and the user's setting wins either way."""
+    from cdc_platform.config.model import SparkConfig
+
+    key = "spark.databricks.delta.snapshotPartitions"
+    for master in ("local", "local[2]", "local[*]"):
+        assert session_conf(SparkConfig(master=master))[key] == "1"
+    assert session_conf(SparkConfig(master="spark://h:7077"))[key] == "4"
+    assert session_conf(SparkConfig(master="local[2]", conf={key: "8"}))[key] == "8"
