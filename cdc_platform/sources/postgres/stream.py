@@ -48,6 +48,9 @@ SESSION_OPTIONS = (
     "-c lc_monetary=C"  # money's text follows lc_monetary ('1.234,56 €' under de_DE)
 )
 FEEDBACK_EVERY_S = 1.0
+# Messages waiting in the producer with no delivery report for this long: the session ends
+# and the next one starts with a new producer (see DeliveryWatch)
+DELIVERY_STALL_S = 30.0
 
 
 @dataclass
@@ -58,6 +61,30 @@ class _Transaction:
     outstanding: int = 0
     end_lsn: int | None = None  # set at COMMIT
     failed: KafkaError | None = None
+
+
+class DeliveryWatch:
+    """Whether Kafka still takes a session's messages. After a broker restart, librdkafka
+    can keep a partition's messages waiting on a leader it does not look up again (seen in
+    the fault suite: no delivery for two minutes, until ``message.timeout.ms``; compare
+    confluentinc/librdkafka#4976). A new producer looks every leader up afresh, so a
+    session whose messages wait ``stall_s`` without any delivery report is ended."""
+
+    def __init__(self, stall_s: float, now: float) -> None:
+        self.stall_s = stall_s
+        self.deliveries = 0
+        self._seen, self._since = 0, now
+
+    def delivered(self) -> None:
+        """A delivery report, success or failure: Kafka answers."""
+        self.deliveries += 1
+
+    def stalled(self, waiting: int, now: float) -> bool:
+        """``waiting``: the messages in the producer now."""
+        if waiting == 0 or self.deliveries != self._seen:
+            self._seen, self._since = self.deliveries, now
+            return False
+        return now - self._since >= self.stall_s
 
 
 class AckTracker:
@@ -422,14 +449,18 @@ class PostgresCapture:
             )  # fmt: skip
             return [codec.unconvertible_record(shape, op, new if new is not None else old, position, now_us, exc)]
 
-    def _heartbeat(self, producer: Producer, confirmed: int, lag_s: float = 0.0) -> None:
+    def _heartbeat(
+        self, producer: Producer, confirmed: int, lag_s: float = 0.0, on_delivery: Callable[..., None] | None = None
+    ) -> None:
         """Debezium-style heartbeat record: consumers of quiet topics still see time pass,
         and ``capture status`` reads position and lag from the latest one."""
         key = json.dumps({"serverName": self.endpoint.server_name}, separators=(",", ":")).encode()
         heartbeat = {"ts_ms": int(time.time() * 1000), "lsn": confirmed, "slot": self.endpoint.slot,
                      "lag_seconds": round(lag_s, 3)}  # fmt: skip
         with contextlib.suppress(BufferError):  # a full queue: skip this heartbeat
-            producer.produce(self.endpoint.heartbeat_topic, key=key, value=json.dumps(heartbeat).encode())
+            producer.produce(
+                self.endpoint.heartbeat_topic, key=key, value=json.dumps(heartbeat).encode(), on_delivery=on_delivery
+            )
 
     def report(self, confirmed: int) -> None:
         lag_s = self.stats.lag_seconds()
@@ -456,6 +487,7 @@ class _Session:
         self.txn: _Transaction | None = None
         self.last_feedback = self.last_status = self.last_heartbeat = time.monotonic()
         self.reported = self.tracker.confirmed
+        self.watch = DeliveryWatch(DELIVERY_STALL_S, self.last_feedback)
 
     def consume(self) -> bool:
         while not self.capture._stop:
@@ -477,6 +509,13 @@ class _Session:
         """No message waiting: confirm, heartbeat, report. True when caught up (bounded mode)."""
         capture, tracker = self.capture, self.tracker
         self.producer.poll(0)
+        waiting = len(self.producer)
+        if self.watch.stalled(waiting, now):
+            raise RetriableError(
+                f"{waiting} message(s) waited {DELIVERY_STALL_S:.0f} s in the Kafka producer without a delivery "
+                "report (a broker back from a restart can leave a producer on stale partition leaders); "
+                "reconnecting with a new producer"
+            )
         confirmed = tracker.advance()
         if self.txn is None and len(self.producer) == 0 and self.cur.wal_end:
             confirmed = tracker.idle_advance(int(self.cur.wal_end))
@@ -488,7 +527,7 @@ class _Session:
         capture.stats.confirmed_lsn = confirmed
         if now - self.last_heartbeat >= capture.endpoint.config.heartbeat_interval_s:
             lag = 0.0 if tracker.idle and self.txn is None else capture.stats.lag_seconds()
-            capture._heartbeat(self.producer, confirmed, lag)
+            capture._heartbeat(self.producer, confirmed, lag, on_delivery=lambda _err, _msg: self.watch.delivered())
             self.last_heartbeat = now
         if caught_up or now - self.last_status >= capture.settings.status_interval_s:
             capture.report(confirmed)
@@ -519,7 +558,7 @@ class _Session:
 
     def _produce(self, record: Record, owner: _Transaction) -> None:
         self.tracker.sent(owner)
-        callback = _delivery(self.tracker, owner)
+        callback = _delivery(self.tracker, owner, self.watch)
         while True:
             try:
                 self.producer.produce(
@@ -535,8 +574,11 @@ class _Session:
         self.capture.stats.events["unconvertible" if record.unconvertible else record.op or "tombstone"] += 1
 
 
-def _delivery(tracker: AckTracker, txn: _Transaction) -> Callable[[KafkaError | None, Message], None]:
+def _delivery(
+    tracker: AckTracker, txn: _Transaction, watch: DeliveryWatch
+) -> Callable[[KafkaError | None, Message], None]:
     def callback(err: KafkaError | None, _msg: Message) -> None:
+        watch.delivered()
         tracker.acked(txn, err)
 
     return callback
