@@ -517,7 +517,7 @@ class _Session:
                 "reconnecting with a new producer"
             )
         confirmed = tracker.advance()
-        if self.txn is None and len(self.producer) == 0 and self.cur.wal_end:
+        if self.txn is None and waiting == 0 and self.cur.wal_end:
             confirmed = tracker.idle_advance(int(self.cur.wal_end))
         caught_up = self.target is not None and self.txn is None and tracker.idle and confirmed >= self.target
         if confirmed != self.reported or now - self.last_feedback >= FEEDBACK_EVERY_S or caught_up:
