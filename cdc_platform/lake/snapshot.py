@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -26,6 +26,7 @@ from cdc_platform.config.model import SnapshotMode
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.crash_points import crash_point
 from cdc_platform.lake.errors import VALUE_REFUSED, classify_spark_error
+from cdc_platform.lake.key_proof import proven_unique, slice_summaries
 from cdc_platform.lake.lake_types import lake_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
@@ -41,9 +42,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("cdc_platform.snapshot")
 
 PROGRESS_INTERVAL_S = 10.0
-# chunks per wave (one Delta commit and one ledger record each), per Spark core: enough tasks
-# to keep every core busy through a wave's stragglers, few enough that a crash loses little
-WAVE_TASKS_PER_CORE = 4
+# chunks per wave (one Delta commit and one ledger record each), per Spark core. A wave costs
+# ~0.6 s beyond its reads and writes (a job, its stragglers, two commits): with 4 a 10M-row
+# generation spent 23-25 s in 13 waves, with 16 18 s in 4 (docs/benchmarks.md). A crash
+# loses at most one wave: about 16 chunk reads per core, seconds at the default chunk size.
+WAVE_TASKS_PER_CORE = 16
 WAVE_METADATA = "cdc_platform wave "  # each wave's commit says which it is (userMetadata)
 
 
@@ -185,7 +188,9 @@ def _write_waves(
     written = set(progress.written) if plan.resumed and DeltaTable.isDeltaTable(spark, path) else set()
     chunk_plan = progress.plan if plan.resumed and progress.plan is not None else None
     if chunk_plan is None:
-        per_wave = max(1, spark.sparkContext.defaultParallelism * WAVE_TASKS_PER_CORE)
+        per_wave = table.config.snapshot.chunks_per_wave or max(
+            1, spark.sparkContext.defaultParallelism * WAVE_TASKS_PER_CORE
+        )
         chunk_plan = ChunkPlan(
             generation, plan.watermark, plan.schema_hash, plan.source_rows, per_wave, plan.read.predicates
         )
@@ -249,16 +254,8 @@ def validate(spark: SparkSession, path: str, plan: SnapshotPlan, exact_count: bo
     """The generation must hold exactly what the source's state held (one MVCC snapshot:
     the same count), or at least each key once (a source without a shared read view, or
     chunks each read in their own transaction)."""
-    from pyspark.sql import functions as F
-
     written = spark.read.format("delta").load(path)
-    keys = [F.col(quote_spark(k)) for k in plan.schema.key]
-    any_null = functools.reduce(lambda a, b: a | b, [k.isNull() for k in keys])
-    stats = written.agg(
-        F.count(F.lit(1)).alias("n"), F.count_distinct(*keys).alias("keys"), F.count(F.when(any_null, 1)).alias("nulls")
-    ).first()
-    assert stats is not None
-    rows, distinct, nulls = int(stats["n"]), int(stats["keys"]), int(stats["nulls"])
+    rows, nulls, distinct = _key_counts(written, plan.schema.key, plan.table)
     if exact_count and rows != plan.source_rows:
         raise GenerationRejectedError(
             f"{plan.table}: the snapshot wrote {rows} rows but the source had {plan.source_rows} in the same "
@@ -271,6 +268,7 @@ def validate(spark: SparkSession, path: str, plan: SnapshotPlan, exact_count: bo
             f"a key must never be NULL: set tables[{plan.table}].primary_key to columns that are never NULL (or "
             "fill the NULLs in the source); the generation is not used"
         )
+    distinct = _distinct_keys(written, plan.schema.key) if distinct is None else distinct
     if distinct != rows:
         raise GenerationRejectedError(
             f"{plan.table}: the snapshot holds {rows} rows but {distinct} distinct keys; the key "
@@ -278,6 +276,35 @@ def validate(spark: SparkSession, path: str, plan: SnapshotPlan, exact_count: bo
             "a unique key; the generation is not used"
         )
     return rows
+
+
+def _key_counts(written: DataFrame, key: Sequence[str], table: str) -> tuple[int, int, int | None]:
+    """Rows, rows with a NULL in the key, and distinct keys when that takes no shuffle:
+    ``key_proof`` shows the keys unique from the files (each a chunk, a key range), or
+    None (the caller counts)."""
+    from pyspark.sql import functions as F
+
+    slices = slice_summaries(written, key)
+    if slices is not None:
+        rows, nulls = sum(s.rows for s in slices), sum(s.nulls for s in slices)
+        proven = proven_unique(slices)
+        log.info(f"{table}: {rows} keys {'shown unique' if proven else 'not shown unique'} from {len(slices)} file "
+                 f"slice(s){'' if proven else '; counting distinct keys'}")  # fmt: skip
+        return rows, nulls, rows if proven else None
+    columns = [F.col(quote_spark(k)) for k in key]
+    any_null = functools.reduce(lambda a, b: a | b, [k.isNull() for k in columns])
+    counts = F.count(F.lit(1)).alias("n"), F.count(F.when(any_null, 1)).alias("nulls")
+    stats = written.agg(*counts, F.count_distinct(*columns).alias("keys")).first()
+    assert stats is not None
+    return int(stats["n"]), int(stats["nulls"]), int(stats["keys"])
+
+
+def _distinct_keys(written: DataFrame, key: Sequence[str]) -> int:
+    from pyspark.sql import functions as F
+
+    stats = written.agg(F.count_distinct(*[F.col(quote_spark(k)) for k in key]).alias("keys")).first()
+    assert stats is not None
+    return int(stats["keys"])
 
 
 def read_plan(spark: SparkSession, plan: SnapshotPlan) -> DataFrame:

@@ -341,7 +341,7 @@ def test_a_killed_generation_is_resumed_by_the_sensor_without_reading_its_chunks
     with env.app() as app:
         app.execute("INSERT INTO items SELECT g, 'b', g FROM generate_series(1, 40000) g")
     env.run_until_caught_up()
-    env.configure_table("items", "snapshot: {chunk_rows: 1000}")  # 40 chunks, 5 waves on 2 cores
+    env.configure_table("items", "snapshot: {chunk_rows: 1000, chunks_per_wave: 8}")  # 40 chunks, 5 waves
     home = tmp_path / "home"
     home.mkdir()
     instance = dg.DagsterInstance.local_temp(str(home))

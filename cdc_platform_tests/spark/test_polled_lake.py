@@ -272,7 +272,8 @@ def test_an_interrupted_polled_generation_resumes_without_reading_its_chunks_aga
         db.execute(f"INSERT INTO big_ids (id, n) {CHUNKED_ROWS['big_ids']} FROM seq_1_to_3000")
     key = f"crm.{env.database}.big_ids"
     env.write_config(
-        f"  - name: {key}\n    poll: {{mode: timestamp, timestamp_column: ts}}\n    snapshot: {{chunk_rows: 100}}\n"
+        f"  - name: {key}\n    poll: {{mode: timestamp, timestamp_column: ts}}\n"
+        "    snapshot: {chunk_rows: 100, chunks_per_wave: 8}\n"
     )
     lake = Lake(env.config, spark)
 
