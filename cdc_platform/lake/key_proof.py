@@ -141,10 +141,11 @@ def slice_summaries(frame: DataFrame, key: Sequence[str]) -> list[SliceSummary] 
     columns = [comparable(F.col(_quoted(k)), types[k]) for k in key]
     if any(c is None for c in columns):
         return None
+    files = frame.metadataColumn("_metadata")  # the file's, even when the table has a column of that name
     keyed = frame.select(
         *[c.alias(f"k{i}") for i, c in enumerate(columns) if c is not None],
-        F.col("_metadata.file_path").alias("__file"),
-        F.col("_metadata.file_block_start").alias("__start"),
+        files.getField("file_path").alias("__file"),
+        files.getField("file_block_start").alias("__start"),
     )
     names = [f"k{i}" for i in range(len(key))]
     sliced = keyed.select(*names, F.xxhash64("__file", "__start").alias(SLICE))

@@ -16,7 +16,7 @@ from cdc_platform.lake.snapshot import validate
 from cdc_platform.model.errors import GenerationRejectedError
 
 KEY = ("region", "n", "at")
-SCHEMA = "region string, n long, at timestamp, v string"
+SCHEMA = "region string, n long, at timestamp, _metadata string"  # a column named as Spark's file metadata
 START = datetime(2026, 3, 29, 0, 30, tzinfo=UTC)  # compared as microseconds, never as local wall time
 
 
