@@ -209,10 +209,11 @@ def test_snapshot_generation_materializes_with_watermark_and_reason(
     with app_connect(_profile(demo_config_path)) as conn:
         row = conn.execute("SELECT count(*) FROM order_lines").fetchone()
     assert row is not None and row[0] >= 40
-    # chunks of a twelfth of the table: more than one wave (8 chunks a wave on 2 cores)
+    # chunks of a twelfth of the table, 4 a wave: three waves at least
     entry = "  - name: shop.public.order_lines\n"
     text = demo_config_path.read_text()
-    demo_config_path.write_text(text.replace(entry, f"{entry}    snapshot: {{chunk_rows: {row[0] // 12}}}\n"))
+    chunking = f"snapshot: {{chunk_rows: {row[0] // 12}, chunks_per_wave: 4}}"
+    demo_config_path.write_text(text.replace(entry, f"{entry}    {chunking}\n"))
     config = load_config(demo_config_path)
     table = config.table("shop.public.order_lines")
     (tmp_path / "dagster").mkdir()
