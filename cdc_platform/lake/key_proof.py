@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_platform.lake.tables import quote_spark
+
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import DataType
@@ -138,7 +140,7 @@ def slice_summaries(frame: DataFrame, key: Sequence[str]) -> list[SliceSummary] 
     from pyspark.sql import types as T
 
     types = {f.name: f.dataType for f in frame.schema.fields}
-    columns = [comparable(F.col(_quoted(k)), types[k]) for k in key]
+    columns = [comparable(F.col(quote_spark(k)), types[k]) for k in key]
     if any(c is None for c in columns):
         return None
     files = frame.metadataColumn("_metadata")  # the file's, even when the table has a column of that name
@@ -167,7 +169,3 @@ def _slice(row: Any, names: list[str]) -> SliceSummary:
 def _key(row: Any, end: str, names: list[str]) -> tuple[Any, ...] | None:
     values = tuple(row[f"{end}_{n}"] for n in names)
     return None if any(v is None for v in values) else values
-
-
-def _quoted(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"

@@ -29,7 +29,7 @@ from cdc_platform.lake.errors import VALUE_REFUSED, classify_spark_error
 from cdc_platform.lake.key_proof import proven_unique, slice_summaries
 from cdc_platform.lake.lake_types import lake_type
 from cdc_platform.lake.ledger import Ledger
-from cdc_platform.lake.tables import LakeTable, table_options
+from cdc_platform.lake.tables import LakeTable, quote_spark, table_options
 from cdc_platform.model.chunks import ChunkPlan, ChunkProgress, WaveProgress
 from cdc_platform.model.errors import CdcError, GenerationRejectedError
 from cdc_platform.model.generations import GenerationEvent, GenerationStatus, Watermark
@@ -358,10 +358,6 @@ def _depth_refusal(name: str) -> str:
         f"(ALTER TABLE … ALTER COLUMN {name} TYPE <element>[][]), or make the values match, then take "
         "a generation again (cdc-platform rehydrate); the changelog dead-letters such changes meanwhile"
     )
-
-
-def quote_spark(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def table_bytes(spark: SparkSession, path: str) -> int:

@@ -104,7 +104,7 @@ def table_options(
 
 def _statistics_only_on(schema: DataType, columns: tuple[str, ...]) -> dict[str, str]:
     """Statistics on ``columns`` alone (dates and types Delta keeps no min/max for left out)."""
-    wanted, eligible = {_quoted(c) for c in columns}, _statistics_types()
+    wanted, eligible = {quote_spark(c) for c in columns}, _statistics_types()
     indexed = [path for path, kind in _leaves(schema) if path in wanted and isinstance(kind, eligible)]
     if not indexed:
         return {"delta.dataSkippingNumIndexedCols": "0"}
@@ -119,7 +119,8 @@ def _statistics_types() -> tuple[type, ...]:
             T.StringType, T.TimestampType, T.TimestampNTZType)  # fmt: skip
 
 
-def _quoted(name: str) -> str:
+def quote_spark(name: str) -> str:
+    """A column name as Spark SQL quotes it (backticks, a backtick doubled)."""
     return "`" + name.replace("`", "``") + "`"
 
 
@@ -137,7 +138,7 @@ def _statistics_options(schema: DataType, partition_by: tuple[str, ...]) -> dict
     leaves = list(_leaves(schema))
     if not any(isinstance(kind, T.DateType) for _, kind in leaves):
         return {}
-    partitions, eligible = {_quoted(name) for name in partition_by}, _statistics_types()
+    partitions, eligible = {quote_spark(name) for name in partition_by}, _statistics_types()
     indexed = [path for path, kind in leaves if isinstance(kind, eligible) and path not in partitions]
     indexed = indexed[:STATISTICS_LEAVES]
     if not indexed:
@@ -152,7 +153,7 @@ def _leaves(data_type: DataType, prefix: str = "") -> Iterator[tuple[str, DataTy
 
     assert isinstance(data_type, StructType)
     for field in data_type.fields:
-        path = prefix + _quoted(field.name)
+        path = prefix + quote_spark(field.name)
         if isinstance(field.dataType, StructType):
             yield from _leaves(field.dataType, path + ".")
         else:
