@@ -321,6 +321,11 @@ def read_jdbc(spark: SparkSession, read: JdbcRead, types: dict[str, Any]) -> Dat
         **read.options,
     }
     raw = spark.read.jdbc(url=read.url, table=read.source_sql, predicates=list(read.predicates), properties=properties)
+    return as_lake_columns(raw, read, types)
+
+
+def as_lake_columns(raw: DataFrame, read: JdbcRead, types: dict[str, Any]) -> DataFrame:
+    """The lake's columns from a frame of the read's result columns (``read.columns``)."""
     return raw.select(*[_convert(c.name, c.conversion, types[c.name], c.source) for c in read.columns])
 
 
