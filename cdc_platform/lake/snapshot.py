@@ -26,7 +26,7 @@ from cdc_platform.config.model import SnapshotMode
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.crash_points import crash_point
 from cdc_platform.lake.errors import VALUE_REFUSED, classify_spark_error
-from cdc_platform.lake.key_proof import proven_unique, slice_summaries
+from cdc_platform.lake.key_proof import SliceSummary, proven_unique, slice_summaries, statistics_summaries
 from cdc_platform.lake.lake_types import lake_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, quote_spark, table_options
@@ -255,7 +255,8 @@ def validate(spark: SparkSession, path: str, plan: SnapshotPlan, exact_count: bo
     the same count), or at least each key once (a source without a shared read view, or
     chunks each read in their own transaction)."""
     written = spark.read.format("delta").load(path)
-    rows, nulls, distinct = _key_counts(written, plan.schema.key, plan.table)
+    files_are_chunks = plan.key_unique_per_chunk and not _optimized_writes(spark)
+    rows, nulls, distinct = _key_counts(written, plan.schema.key, plan.table, path if files_are_chunks else None)
     if exact_count and rows != plan.source_rows:
         raise GenerationRejectedError(
             f"{plan.table}: the snapshot wrote {rows} rows but the source had {plan.source_rows} in the same "
@@ -278,12 +279,28 @@ def validate(spark: SparkSession, path: str, plan: SnapshotPlan, exact_count: bo
     return rows
 
 
-def _key_counts(written: DataFrame, key: Sequence[str], table: str) -> tuple[int, int, int | None]:
+def _optimized_writes(spark: SparkSession) -> bool:
+    """Delta's optimized writes shuffle rows between tasks before writing: a file may then
+    hold rows of several chunks (set by the user's spark.conf; the platform never does)."""
+    return str(spark.conf.get("spark.databricks.delta.optimizeWrite.enabled", "false")).lower() == "true"
+
+
+def _key_counts(
+    written: DataFrame, key: Sequence[str], table: str, unique_per_file: str | None
+) -> tuple[int, int, int | None]:
     """Rows, rows with a NULL in the key, and distinct keys when that takes no shuffle:
     ``key_proof`` shows the keys unique from the files (each a chunk, a key range), or
-    None (the caller counts)."""
+    None (the caller counts). ``unique_per_file``: the table's path when the source's
+    unique index already holds each file's keys distinct; then the files' statistics in
+    the Delta log can show the rest (no NULLs, disjoint ranges) without reading a row."""
     from pyspark.sql import functions as F
 
+    files = _file_statistics(unique_per_file, key, table) if unique_per_file else None
+    if files is not None and proven_unique(files):
+        rows = sum(f.rows for f in files)
+        log.info(f"{table}: {rows} keys shown unique from {len(files)} files' statistics (disjoint key ranges, each "
+                 "file one read under the source's unique key)")  # fmt: skip
+        return rows, 0, rows
     slices = slice_summaries(written, key)
     if slices is not None:
         rows, nulls = sum(s.rows for s in slices), sum(s.nulls for s in slices)
@@ -297,6 +314,16 @@ def _key_counts(written: DataFrame, key: Sequence[str], table: str) -> tuple[int
     stats = written.agg(*counts, F.count_distinct(*columns).alias("keys")).first()
     assert stats is not None
     return int(stats["n"]), int(stats["nulls"]), int(stats["keys"])
+
+
+def _file_statistics(path: str, key: Sequence[str], table: str) -> list[SliceSummary] | None:
+    """The Delta log's file statistics read by delta-rs; a table it cannot open (object
+    storage it has no settings for) only loses the shortcut: the files are read instead."""
+    try:
+        return statistics_summaries(path, key)
+    except Exception as exc:  # the shortcut only; validation reads the files instead
+        log.info(f"{table}: the snapshot's file statistics were not read ({type(exc).__name__}); reading its keys")
+        return None
 
 
 def _distinct_keys(written: DataFrame, key: Sequence[str]) -> int:

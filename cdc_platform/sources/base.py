@@ -81,6 +81,9 @@ class SnapshotPlan:
     # read at their own instants (the watermark's replay makes them converge)
     consistent: bool = True
     resumed: bool = False  # the watermark and chunks are a stored plan's (``model.chunks``)
+    # True when the source's own unique index holds the key and each chunk is read in one
+    # statement: no chunk can hold a key twice (validation then needs only the chunks' ranges)
+    key_unique_per_chunk: bool = False
 
 
 @dataclass(frozen=True)

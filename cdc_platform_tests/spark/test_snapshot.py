@@ -244,8 +244,11 @@ def test_a_generations_files_show_its_keys_unique_and_a_key_they_cannot_is_count
     chunk, a key range: ``lake/key_proof.py``) for a bigint, a uuid and a composite text
     key; a numeric key read as text (chunks are ranges of numbers, not of their text)
     gives ranges that overlap, so validation counts the keys instead, and the generation
-    still commits."""
-    from cdc_platform.lake.key_proof import proven_unique, slice_summaries
+    still commits. The tables' primary keys vouch for each chunk's keys, so the Delta log's
+    statistics alone show the bigint and uuid keys unique (the composite key's first
+    column, split between chunks, and the numeric key's text do not); a configured key
+    that is no primary key vouches for nothing."""
+    from cdc_platform.lake.key_proof import proven_unique, slice_summaries, statistics_summaries
 
     with env.app() as app:
         app.execute("INSERT INTO counters SELECT g, g FROM generate_series(1, 3000) g")
@@ -262,6 +265,14 @@ def test_a_generations_files_show_its_keys_unique_and_a_key_they_cannot_is_count
         slices = slice_summaries(spark.read.format("delta").load(result.path), key)
         assert slices is not None and sum(s.rows for s in slices) == 3000, name
         assert proven_unique(slices) is (name != "amounts"), (name, slices)
+        files = statistics_summaries(result.path, key)
+        assert files is not None and proven_unique(files) is (name in ("counters", "events")), (name, files)
+    env.configure_table("keyless", "primary_key: [code]")
+    lake = Lake(env.config, spark)
+    for name, vouched in (("counters", True), ("keyless", False)):
+        table = lake.table(f"cap.{env.schema}.{name}")
+        with lake.source(table.key).snapshot(table.config, lake.kafka, table.topic, False) as plan:
+            assert plan.key_unique_per_chunk is vouched, name
 
 
 def _statistics_columns(spark: Any, path: str) -> str | None:

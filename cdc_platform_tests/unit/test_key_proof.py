@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc_platform.lake.key_proof import SliceSummary, proven_unique, summarize_slices
+from cdc_platform.lake.key_proof import SliceSummary, file_summaries, proven_unique, summarize_slices
 
 Row = tuple[Any, ...]
 
@@ -132,3 +132,88 @@ def test_every_key_type_the_proof_trusts_is_summarized() -> None:
         ), arrow_type  # fmt: skip
         shown = proven_unique([_as_summary(s, 1) for s in summaries])
         assert shown is (arrow_type != pa.bool_()), arrow_type  # two NULL booleans: never shown unique
+
+
+# ---- from the Delta log's file statistics ----------------------------------------------
+
+PREFIX = 32  # Delta's string statistics: the first 32 characters
+
+
+def _delta_min(values: Sequence[Any]) -> Any:
+    low = min(values)
+    return low[:PREFIX] if isinstance(low, str) else low
+
+
+def _delta_max(values: Sequence[Any]) -> Any:
+    """As Delta records a max: a string longer than the prefix is cut and gets a tie-breaker
+    character (``\\x7f``, what this lake's files hold), an instant is cut to milliseconds."""
+    high = max(values)
+    if isinstance(high, str) and len(high) > PREFIX:
+        return high[:PREFIX] + "\x7f"
+    return high
+
+
+def _actions(files: Sequence[Sequence[Row]], **extra: list[Any]) -> pa.Table:
+    """Delta add actions (``get_add_actions(flatten=True)``) of files holding these keys
+    (first column ``k0``, then ``k1``…), statistics as Delta truncates them."""
+    width = len(next(iter(f[0] for f in files if f)))
+    columns: dict[str, list[Any]] = {"path": [f"part-{n}.parquet" for n in range(len(files))]}
+    columns["num_records"] = [len(f) for f in files]
+    for i in range(width):
+        columns[f"null_count.k{i}"] = [sum(row[i] is None for row in f) for f in files]
+        present = [[row[i] for row in f if row[i] is not None] for f in files]
+        columns[f"min.k{i}"] = [_delta_min(p) if p else None for p in present]
+        columns[f"max.k{i}"] = [_delta_max(p) if p else None for p in present]
+    return pa.table({**columns, **extra})
+
+
+def _from_log(files: Sequence[Sequence[Row]], **extra: list[Any]) -> bool | None:
+    summaries = file_summaries(_actions(files, **extra), [f"k{i}" for i in range(len(files[0][0]))])
+    return None if summaries is None else proven_unique(summaries)
+
+
+def test_files_with_disjoint_key_ranges_are_shown_unique_from_their_statistics() -> None:
+    files = [[(1,), (2,), (3,)], [(4,), (9,)], [(10,)]]
+    assert _from_log(files) is True
+    summaries = file_summaries(_actions(files), ["k0"])
+    assert summaries is not None and [s.rows for s in summaries] == [3, 2, 1]
+
+
+def test_statistics_that_overlap_or_touch_or_hold_nulls_show_nothing() -> None:
+    assert _from_log([[(1,), (5,)], [(4,), (9,)]]) is False  # overlapping ranges
+    assert _from_log([[(1,), (5,)], [(5,), (9,)]]) is False  # a key in both files
+    assert _from_log([[(1,), (None,)], [(4,), (9,)]]) is False  # a NULL key
+
+
+def test_a_composite_key_is_shown_by_its_first_column_alone() -> None:
+    # chunks of (tenant, n) that split one tenant: the first columns touch, nothing is shown
+    assert _from_log([[("a", 1), ("a", 2)], [("a", 3), ("b", 1)]]) is False
+    assert _from_log([[("a", 1), ("a", 2)], [("b", 1), ("c", 1)]]) is True
+
+
+def test_statistics_the_proof_cannot_trust_give_no_answer() -> None:
+    files = [[(1,), (2,)], [(3,), (4,)]]
+    assert _from_log([[(1.0,), (2.0,)], [(3.0,), (4.0,)]]) is None  # floating point
+    assert file_summaries(_actions(files).drop_columns(["min.k0"]), ["k0"]) is None  # no statistics
+    missing = _actions(files).set_column(1, "num_records", pa.array([2, None], pa.int64()))
+    assert file_summaries(missing, ["k0"]) is None
+    deletion_vector = pa.array([None, "u1234"], pa.string())
+    assert _from_log(files, **{"deletionVector.storageType": deletion_vector}) is None  # type: ignore[arg-type]
+
+
+def test_no_table_with_a_key_in_two_files_is_shown_unique_by_truncated_statistics() -> None:
+    """Strings that share Delta's 32-character prefix and differ after it, below and above
+    the tie-breaker (ASCII, accented, CJK): cut into files in key order, with one key copied
+    into another file, the statistics never show them unique; without the copy, whatever
+    they show is true."""
+    rng = random.Random(17)
+    prefixes = ["p" * PREFIX, "p" * (PREFIX - 1) + "q", "r"]
+    tails = ["", "a", "~", "\x7f", "\x7f\x7f", "é", "ü1", "中", "zz"]
+    for _ in range(400):
+        keys = sorted({rng.choice(prefixes) + rng.choice(tails) + rng.choice(["", "0", "1"]) for _ in range(8)})
+        cuts = sorted(rng.sample(range(1, len(keys)), k=min(len(keys) - 1, rng.randint(1, 3))))
+        files = [[(k,) for k in keys[a:b]] for a, b in itertools.pairwise([0, *cuts, len(keys)])]
+        source, target = rng.sample(range(len(files)), 2)
+        copied = [list(f) for f in files]
+        copied[target].append(rng.choice(files[source]))
+        assert _from_log(copied) is False, copied

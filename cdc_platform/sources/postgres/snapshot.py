@@ -72,7 +72,7 @@ def snapshot_plan(
             read = jdbc_read(endpoint, described, schema, list(resume.predicates), None)
             yield SnapshotPlan(
                 table.key, resume.watermark, schema, read, resume.source_rows, resume.schema_hash, described,
-                consistent=False, resumed=True,
+                consistent=False, resumed=True, key_unique_per_chunk=_primary_key(described, schema),
             )  # fmt: skip
             return
     with endpoint.connect("snapshot") as coordinator:
@@ -89,10 +89,17 @@ def snapshot_plan(
             source_rows, predicates = _incremental_chunks(coordinator, described, schema, table.snapshot.chunk_rows)
         read = jdbc_read(endpoint, described, schema, predicates, str(exported[0]) if exported else None)
         yield SnapshotPlan(
-            table.key, watermark, schema, read, source_rows, described.schema_hash(), described, consistent
-        )
+            table.key, watermark, schema, read, source_rows, described.schema_hash(), described, consistent,
+            key_unique_per_chunk=_primary_key(described, schema),
+        )  # fmt: skip
         if consistent:
             coordinator.execute("COMMIT")
+
+
+def _primary_key(described: SourceTable, schema: TableSchema) -> bool:
+    """The lake's key is the table's primary key: its unique index holds in each chunk's
+    read, one statement (one MVCC snapshot) per chunk in either mode."""
+    return tuple(schema.key) == described.primary_key
 
 
 def _chunks_in_snapshot(
@@ -109,7 +116,7 @@ def _incremental_chunks(
     """The primary key's index is walked a step at a time. A configured key may have no
     index: then each step would sort the table, so its keys are numbered in one statement
     (one scan, as each chunk's read of such a key is anyway)."""
-    if tuple(schema.key) != described.primary_key:
+    if not _primary_key(described, schema):
         return _chunks_in_snapshot(conn, described, schema, chunk_rows)
     key_nullable = any(c.nullable for c in schema.columns if c.name in schema.key)
     return walk_chunks(
