@@ -68,11 +68,12 @@ def snapshot_plan(
     if resume is not None and not consistent:
         with endpoint.connect("snapshot") as conn:
             described, schema = describe(conn, table)
+            vouched = key_unique_per_read(conn, described, schema)
         if described.schema_hash() == resume.schema_hash:
             read = jdbc_read(endpoint, described, schema, list(resume.predicates), None)
             yield SnapshotPlan(
                 table.key, resume.watermark, schema, read, resume.source_rows, resume.schema_hash, described,
-                consistent=False, resumed=True, key_unique_per_chunk=_primary_key(described, schema),
+                consistent=False, resumed=True, key_unique_per_chunk=vouched,
             )  # fmt: skip
             return
     with endpoint.connect("snapshot") as coordinator:
@@ -82,6 +83,7 @@ def snapshot_plan(
         coordinator.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         exported = coordinator.execute("SELECT pg_export_snapshot()").fetchone() if consistent else None
         described, schema = describe(coordinator, table)
+        vouched = key_unique_per_read(coordinator, described, schema)
         if consistent:  # the chunks of the exported snapshot's state, counted in it
             source_rows, predicates = _chunks_in_snapshot(coordinator, described, schema, table.snapshot.chunk_rows)
         else:  # no transaction outlives a statement of the plan; each chunk reads in its own
@@ -90,16 +92,41 @@ def snapshot_plan(
         read = jdbc_read(endpoint, described, schema, predicates, str(exported[0]) if exported else None)
         yield SnapshotPlan(
             table.key, watermark, schema, read, source_rows, described.schema_hash(), described, consistent,
-            key_unique_per_chunk=_primary_key(described, schema),
+            key_unique_per_chunk=vouched,
         )  # fmt: skip
         if consistent:
             coordinator.execute("COMMIT")
 
 
+# key kinds whose lake values are one-to-one with the values the key's index holds apart
+_ONE_TO_ONE = {"int16", "int32", "int64", "numeric", "money", "bool", "date", "timestamp", "timestamptz", "uuid",
+               "bytea", "enum", "text"}  # fmt: skip
+_PLAIN_TEXT = {"text", "varchar", "bpchar", "name", "char"}  # kind text also covers inet, bit, xml, …
+
+
 def _primary_key(described: SourceTable, schema: TableSchema) -> bool:
-    """The lake's key is the table's primary key: its unique index holds in each chunk's
-    read, one statement (one MVCC snapshot) per chunk in either mode."""
     return tuple(schema.key) == described.primary_key
+
+
+def key_unique_per_read(conn: psycopg.Connection[tuple[Any, ...]], described: SourceTable, schema: TableSchema) -> bool:
+    """Whether no chunk's read can return a key twice: the lake's key is the table's
+    primary key (its unique index holds in each chunk's read, one statement, one MVCC
+    snapshot), and no table inherits from it. A legacy inheritance child's rows are read
+    with its parent's, and the parent's key does not cover them. A partitioned table's key
+    does cover its partitions. And every key column's lake value is one-to-one with its
+    PostgreSQL value (``_ONE_TO_ONE``): a timetz read as UTC text, for one, maps two keys
+    the index holds apart ('12:00+01', '11:00+00') to one lake key."""
+    if not _primary_key(described, schema):
+        return False
+    key_types = [c.pgtype for c in schema.columns if c.name in schema.key]
+    if not all(t.kind in _ONE_TO_ONE and (t.kind != "text" or t.name in _PLAIN_TEXT) for t in key_types):
+        return False
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent "
+        "WHERE i.inhparent = %s::regclass AND p.relkind = 'r')",
+        (f"{quote_ident(described.schema)}.{quote_ident(described.name)}",),
+    ).fetchone()
+    return row is not None and not row[0]
 
 
 def _chunks_in_snapshot(
