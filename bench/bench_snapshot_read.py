@@ -52,6 +52,7 @@ from cdc_platform.lake.session import get_spark_session
 from cdc_platform.lake.snapshot import as_lake_columns, read_jdbc
 from cdc_platform.lake.tables import table_options
 from cdc_platform.sources.base import JdbcRead
+from cdc_platform.sources.postgres.snapshot import quote_ident
 
 CONNINFO_ENV = "CDC_BENCH_ADBC_CONNINFO"  # the tasks' libpq string, read in the worker: not in Spark's plan
 
@@ -100,7 +101,7 @@ def adbc_frame(spark: SparkSession, read: JdbcRead, types: dict[str, Any]) -> Da
     from pyspark.sql.types import DecimalType, LongType, StringType, StructField
 
     statements = [s.strip() for s in read.options["sessionInitStatement"].split(";") if s.strip()]
-    select = ", ".join('"' + (c.source or c.name).replace('"', '""') + '"' for c in read.columns)
+    select = ", ".join(quote_ident(c.source or c.name) for c in read.columns)
     # the bench table's raw columns as ADBC reads them (numeric as text, the instant as micros)
     raw = {"id": LongType(), "amount": StringType(), "label": StringType(), "at": LongType(), "doc": StringType()}
     assert [c.source or c.name for c in read.columns] == list(raw) and isinstance(types["amount"], DecimalType)
@@ -152,7 +153,7 @@ def client_reads(read: JdbcRead) -> dict[str, tuple[float, float]]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
 
-    select = ", ".join('"' + (c.source or c.name) + '"' for c in read.columns)
+    select = ", ".join(quote_ident(c.source or c.name) for c in read.columns)
     out: dict[str, tuple[float, float]] = {}
     started, cpu0 = time.perf_counter(), cpu()
     with adbc.connect(os.environ[CONNINFO_ENV], autocommit=True) as conn, conn.cursor() as cursor:

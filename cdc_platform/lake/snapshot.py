@@ -254,9 +254,8 @@ def validate(spark: SparkSession, path: str, plan: SnapshotPlan, exact_count: bo
     """The generation must hold exactly what the source's state held (one MVCC snapshot:
     the same count), or at least each key once (a source without a shared read view, or
     chunks each read in their own transaction)."""
-    written = spark.read.format("delta").load(path)
     files_are_chunks = plan.key_unique_per_chunk and not _optimized_writes(spark)
-    rows, nulls, distinct = _key_counts(written, plan.schema.key, plan.table, path if files_are_chunks else None)
+    rows, nulls, distinct = _key_counts(spark, path, plan.schema.key, plan.table, files_are_chunks)
     if exact_count and rows != plan.source_rows:
         raise GenerationRejectedError(
             f"{plan.table}: the snapshot wrote {rows} rows but the source had {plan.source_rows} in the same "
@@ -269,7 +268,7 @@ def validate(spark: SparkSession, path: str, plan: SnapshotPlan, exact_count: bo
             f"a key must never be NULL: set tables[{plan.table}].primary_key to columns that are never NULL (or "
             "fill the NULLs in the source); the generation is not used"
         )
-    distinct = _distinct_keys(written, plan.schema.key) if distinct is None else distinct
+    distinct = _distinct_keys(spark, path, plan.schema.key) if distinct is None else distinct
     if distinct != rows:
         raise GenerationRejectedError(
             f"{plan.table}: the snapshot holds {rows} rows but {distinct} distinct keys; the key "
@@ -286,21 +285,22 @@ def _optimized_writes(spark: SparkSession) -> bool:
 
 
 def _key_counts(
-    written: DataFrame, key: Sequence[str], table: str, unique_per_file: str | None
+    spark: SparkSession, path: str, key: Sequence[str], table: str, unique_per_file: bool
 ) -> tuple[int, int, int | None]:
     """Rows, rows with a NULL in the key, and distinct keys when that takes no shuffle:
     ``key_proof`` shows the keys unique from the files (each a chunk, a key range), or
-    None (the caller counts). ``unique_per_file``: the table's path when the source's
-    unique index already holds each file's keys distinct; then the files' statistics in
-    the Delta log can show the rest (no NULLs, disjoint ranges) without reading a row."""
+    None (the caller counts). ``unique_per_file``: the source's unique index already
+    holds each file's keys distinct; then the files' statistics in the Delta log can show
+    the rest (no NULLs, disjoint ranges) without Spark loading the table or reading a row."""
     from pyspark.sql import functions as F
 
-    files = _file_statistics(unique_per_file, key, table) if unique_per_file else None
+    files = _file_statistics(path, key, table) if unique_per_file else None
     if files is not None and proven_unique(files):
         rows = sum(f.rows for f in files)
         log.info(f"{table}: {rows} keys shown unique from {len(files)} files' statistics (disjoint key ranges, each "
                  "file one read under the source's unique key)")  # fmt: skip
         return rows, 0, rows
+    written = spark.read.format("delta").load(path)
     slices = slice_summaries(written, key)
     if slices is not None:
         rows, nulls = sum(s.rows for s in slices), sum(s.nulls for s in slices)
@@ -326,9 +326,10 @@ def _file_statistics(path: str, key: Sequence[str], table: str) -> list[SliceSum
         return None
 
 
-def _distinct_keys(written: DataFrame, key: Sequence[str]) -> int:
+def _distinct_keys(spark: SparkSession, path: str, key: Sequence[str]) -> int:
     from pyspark.sql import functions as F
 
+    written = spark.read.format("delta").load(path)  # Delta keeps the state cached: this only lists the log again
     stats = written.agg(F.count_distinct(*[F.col(quote_spark(k)) for k in key]).alias("keys")).first()
     assert stats is not None
     return int(stats["keys"])
