@@ -295,3 +295,45 @@ def test_an_interrupted_polled_generation_resumes_without_reading_its_chunks_aga
     written = spark.read.format("delta").load(result.path)
     assert sorted(r["n"] for r in written.select("n").collect()) == list(range(1, 3001))
     assert lake.ledger.committed(key) is not None
+
+
+VOUCHING_DDL = [
+    f"CREATE TABLE ids (id INT UNSIGNED PRIMARY KEY, n INT, {TS})",
+    f"CREATE TABLE flags (flag TINYINT(1) PRIMARY KEY, n INT, {TS})",
+    f"CREATE TABLE by_n (id INT NOT NULL, n INT NOT NULL UNIQUE, {TS})",  # no primary key: one is configured
+]
+
+
+def test_a_polled_primary_key_vouches_for_its_chunks_and_the_log_shows_it_unique(env: PollingEnv, spark: Any) -> None:
+    """Each chunk of a polled table is one statement under its primary key's unique index,
+    so the plan vouches for the chunk's keys when every key column's lake value is the value
+    MariaDB compares (integers, strings read as they are); the Delta log's statistics then
+    show an integer key unique without reading a row. Nothing else vouches: a configured key
+    (the table has none), a TINYINT(1) key (read as a boolean: 1 and 2 both true, so that
+    generation is rejected), an unsigned BIGINT read as text, an ENUM and a binary key."""
+    from cdc_platform.lake.key_proof import proven_unique, statistics_summaries
+    from cdc_platform.model.errors import GenerationRejectedError
+
+    with env.db() as db:
+        for ddl in [*VOUCHING_DDL, *CHUNKED_DDL]:
+            db.execute(ddl)
+        db.execute("INSERT INTO ids (id, n) SELECT seq * 3, seq FROM seq_1_to_1200")
+        db.execute("INSERT INTO flags (flag, n) VALUES (1, 1), (2, 2)")
+        db.execute("INSERT INTO by_n (id, n) SELECT seq, seq FROM seq_1_to_10")
+    names = ["ids", "flags", "by_n", *CHUNKED_ROWS]
+    env.write_config(
+        "".join(f"  - name: crm.{env.database}.{name}\n{CHUNKED_POLL}" for name in names if name != "by_n")
+        + f"  - name: crm.{env.database}.by_n\n    primary_key: [n]\n{CHUNKED_POLL}"
+    )
+    lake = Lake(env.config, spark)
+    vouches = {"ids": True, "tenants": True, "flags": False, "by_n": False, "big_ids": False, "moods": False,
+               "blobs": False}  # fmt: skip
+    for name, vouched in vouches.items():
+        table = lake.table(f"crm.{env.database}.{name}")
+        with lake.source(table.key).snapshot(table.config, lake.kafka, table.topic, False) as plan:
+            assert plan.key_unique_per_chunk is vouched, name
+    result = lake.snapshot(f"crm.{env.database}.ids", "g1")
+    files = statistics_summaries(result.path, ("id",))
+    assert result.rows == 1200 and files is not None and len(files) == 12 and proven_unique(files), files
+    with pytest.raises(GenerationRejectedError, match="holds 2 rows but 1 distinct keys"):
+        lake.snapshot(f"crm.{env.database}.flags", "g1")

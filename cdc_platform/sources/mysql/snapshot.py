@@ -28,9 +28,13 @@ from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.model.chunks import ChunkPlan
 from cdc_platform.model.errors import SourceTableError
 from cdc_platform.model.generations import Watermark
-from cdc_platform.model.tables import resolve_key
+from cdc_platform.model.tables import SourceTable, resolve_key
 from cdc_platform.sources.base import ColumnRead, JdbcRead, SnapshotPlan
 from cdc_platform.sources.mysql.catalog import (
+    OID_INT2,
+    OID_INT4,
+    OID_INT8,
+    OID_TEXT,
     MappedColumn,
     describe_mysql_table,
     live_row_sql,
@@ -58,7 +62,8 @@ def snapshot_plan(
         if resume is not None and described.schema_hash() == resume.schema_hash:
             read = jdbc_read(endpoint, table, mapped, mapped, resume.predicates, key)
             yield SnapshotPlan(table.key, resume.watermark, table_schema(described, key), read, resume.source_rows,
-                               resume.schema_hash, described, consistent=False, resumed=True)  # fmt: skip
+                               resume.schema_hash, described, consistent=False, resumed=True,
+                               key_unique_per_chunk=key_unique_per_read(described, mapped, key))  # fmt: skip
             return
         # 1. watermark first (see the module docstring)
         watermark = Watermark(database_clock_ns(conn), kafka.end_offsets(topic), datetime.now(UTC))
@@ -76,7 +81,29 @@ def snapshot_plan(
         conn.close()
     read = jdbc_read(endpoint, table, mapped, mapped, predicates, key)
     yield SnapshotPlan(table.key, watermark, table_schema(described, key), read, source_rows, described.schema_hash(),
-                       described, consistent=False)  # fmt: skip
+                       described, consistent=False,
+                       key_unique_per_chunk=key_unique_per_read(described, mapped, key))  # fmt: skip
+
+
+# key mappings whose lake value is the very value MariaDB's index compares: integers (and
+# YEAR, BIT below 64 bits, read as unsigned integers) and strings read as they are. Left
+# out: TINYINT(1) (read as a boolean: 1 and 2 are both true), unsigned BIGINT and DECIMAL
+# (read through text), dates (zero and invalid dates), floats, ENUM/SET/CHAR (cast to
+# text) and binary strings (hex; Delta keeps no statistics for them anyway).
+_ONE_TO_ONE_OIDS = {OID_INT2, OID_INT4, OID_INT8, OID_TEXT}
+
+
+def key_unique_per_read(described: SourceTable, mapped: Sequence[MappedColumn], key: Sequence[str]) -> bool:
+    """Whether no chunk's read can return a key twice: the lake's key is the table's primary
+    key (each chunk is one statement, one consistent read under its unique index; MariaDB has
+    no table inheritance, and a partitioned table's key covers its partitions), and every key
+    column's lake value is one-to-one with the value the index holds apart
+    (``_ONE_TO_ONE_OIDS``, read as is). Validation then trusts each file of the generation
+    to hold distinct keys (``lake/key_proof.py``)."""
+    if tuple(key) != tuple(described.primary_key):
+        return False
+    read_as = {m.name: (m.decode, m.pg_oid) for m in mapped}
+    return all(read_as.get(name, ("", 0))[0] == "plain" and read_as[name][1] in _ONE_TO_ONE_OIDS for name in key)
 
 
 def jdbc_read(
