@@ -25,14 +25,14 @@ import tempfile
 import time
 import uuid
 
-from bench_polling import DDL, FILL
+from bench_polling import create_accounts, drop_database
 
 from cdc_platform.config import PlatformConfig
 from cdc_platform.devtools.lake import Lake
 from cdc_platform.devtools.stack import profile, stack_up
-from cdc_platform.devtools.stack.mariadb import POLL_ROLE, LocalMariaDB
+from cdc_platform.devtools.stack.mariadb import POLL_ROLE
 from cdc_platform.devtools.stack.profiles import REPO_ROOT
-from cdc_platform.devtools.stack.stack import load_stack_env, stack_env
+from cdc_platform.devtools.stack.stack import load_stack_env
 from cdc_platform.lake.session import get_spark_session
 from cdc_platform.sources.mysql.catalog import describe_mysql_table
 from cdc_platform.sources.mysql.connection import MysqlEndpoint
@@ -92,13 +92,7 @@ def main() -> None:
     stack_up(prof)
     load_stack_env(prof)
     database = f"bench_gen_{uuid.uuid4().hex[:6]}"
-    admin = LocalMariaDB(prof).admin_connect(stack_env(prof))
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE `{database}`")
-        cur.execute(f"GRANT SELECT ON `{database}`.* TO '{POLL_ROLE}'@'127.0.0.1'")
-        cur.execute(f"USE `{database}`")
-        cur.execute(DDL)
-        cur.execute(FILL.replace("{rows}", str(args.rows)))
+    admin = create_accounts(prof, database, args.rows)
     try:
         with tempfile.TemporaryDirectory(prefix="bench_polled_snapshot_") as root:
             config = bench_config(database, prof.mariadb_port, prof.kafka_bootstrap, root)
@@ -117,9 +111,7 @@ def main() -> None:
                     f"{floor_s / took:.3f}"
                 )
     finally:
-        with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{database}`")
-        admin.close()
+        drop_database(admin, database)
 
 
 if __name__ == "__main__":

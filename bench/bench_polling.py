@@ -15,9 +15,10 @@ from __future__ import annotations
 import argparse
 import time
 import uuid
+from typing import Any
 
 from cdc_platform.config import PlatformConfig
-from cdc_platform.devtools.stack import profile, stack_up
+from cdc_platform.devtools.stack import StackProfile, profile, stack_up
 from cdc_platform.devtools.stack.mariadb import POLL_ROLE, LocalMariaDB
 from cdc_platform.devtools.stack.stack import load_stack_env, stack_env
 from cdc_platform.kafka.clients import KafkaClients
@@ -53,14 +54,7 @@ def main() -> None:
     load_stack_env(prof)
     tag = uuid.uuid4().hex[:6]
     database = f"bench_poll_{tag}"
-    maria = LocalMariaDB(prof)
-    admin = maria.admin_connect(stack_env(prof))
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE `{database}`")
-        cur.execute(f"GRANT SELECT ON `{database}`.* TO '{POLL_ROLE}'@'127.0.0.1'")
-        cur.execute(f"USE `{database}`")
-        cur.execute(DDL)
-        cur.execute(FILL.replace("{rows}", str(args.rows)))
+    admin = create_accounts(prof, database, args.rows)
     config = PlatformConfig.model_validate(
         {
             "sources": {
@@ -103,9 +97,7 @@ def main() -> None:
             f"poller into Kafka {poll_s:6.2f} s ({rate:8.0f} rows/s)  ratio poller/floor = {rate / floor_rate:.3f}"
         )
     finally:
-        with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{database}`")
-        admin.close()
+        drop_database(admin, database)
         client = KafkaClients(config.kafka).admin()
         topics = [f"benchpoll{tag}.{database}.accounts", f"__cdc-offsets.benchpoll{tag}"]
         for future in client.delete_topics(topics, operation_timeout=30).values():
@@ -113,6 +105,25 @@ def main() -> None:
                 future.result(timeout=30)
             except Exception as exc:  # a topic never created is fine here
                 print(f"(cleanup: {exc})")
+
+
+def create_accounts(prof: StackProfile, database: str, rows: int) -> Any:
+    """A throwaway database holding ``accounts`` with ``rows`` rows, readable by the poll
+    role. Returns the admin connection (``drop_database`` takes it)."""
+    admin = LocalMariaDB(prof).admin_connect(stack_env(prof))
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{database}`")
+        cur.execute(f"GRANT SELECT ON `{database}`.* TO '{POLL_ROLE}'@'127.0.0.1'")
+        cur.execute(f"USE `{database}`")
+        cur.execute(DDL)
+        cur.execute(FILL.replace("{rows}", str(rows)))
+    return admin
+
+
+def drop_database(admin: Any, database: str) -> None:
+    with admin.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS `{database}`")
+    admin.close()
 
 
 def _floor(config: PlatformConfig, database: str, batch: int) -> float:
