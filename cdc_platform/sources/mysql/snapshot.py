@@ -59,11 +59,12 @@ def snapshot_plan(
     try:
         described, mapped = describe_mysql_table(conn, table.schema_name, table.table_name)
         key = resolve_key(described, table.primary_key, f"tables[{table.key}].primary_key")
+        vouched = key_unique_per_read(described, mapped, key)
         if resume is not None and described.schema_hash() == resume.schema_hash:
             read = jdbc_read(endpoint, table, mapped, mapped, resume.predicates, key)
             yield SnapshotPlan(table.key, resume.watermark, table_schema(described, key), read, resume.source_rows,
                                resume.schema_hash, described, consistent=False, resumed=True,
-                               key_unique_per_chunk=key_unique_per_read(described, mapped, key))  # fmt: skip
+                               key_unique_per_chunk=vouched)  # fmt: skip
             return
         # 1. watermark first (see the module docstring)
         watermark = Watermark(database_clock_ns(conn), kafka.end_offsets(topic), datetime.now(UTC))
@@ -81,8 +82,7 @@ def snapshot_plan(
         conn.close()
     read = jdbc_read(endpoint, table, mapped, mapped, predicates, key)
     yield SnapshotPlan(table.key, watermark, table_schema(described, key), read, source_rows, described.schema_hash(),
-                       described, consistent=False,
-                       key_unique_per_chunk=key_unique_per_read(described, mapped, key))  # fmt: skip
+                       described, consistent=False, key_unique_per_chunk=vouched)  # fmt: skip
 
 
 # key mappings whose lake value is the very value MariaDB's index compares: integers (and
@@ -102,8 +102,12 @@ def key_unique_per_read(described: SourceTable, mapped: Sequence[MappedColumn], 
     to hold distinct keys (``lake/key_proof.py``)."""
     if tuple(key) != tuple(described.primary_key):
         return False
-    read_as = {m.name: (m.decode, m.pg_oid) for m in mapped}
-    return all(read_as.get(name, ("", 0))[0] == "plain" and read_as[name][1] in _ONE_TO_ONE_OIDS for name in key)
+    by_name = {m.name: m for m in mapped}
+    return all(_read_as_is(by_name.get(name)) for name in key)
+
+
+def _read_as_is(column: MappedColumn | None) -> bool:
+    return column is not None and column.decode == "plain" and column.pg_oid in _ONE_TO_ONE_OIDS
 
 
 def jdbc_read(
