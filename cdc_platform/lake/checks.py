@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from cdc_platform.kafka.clients import KafkaClients
-from cdc_platform.lake.compare import SAMPLE, compare_at_one_read, key_samples, keys_only_in
+from cdc_platform.lake.compare import SAMPLE, compare_at_one_read, key_samples, keys_only_in, repeated_keys
 from cdc_platform.lake.lake_types import lake_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.snapshot import read_jdbc
@@ -153,9 +153,10 @@ class CompletenessReport:
     current_rows: int = 0
     source_rows: int = 0
     compared_rows: int = 0  # keys both sides hold, outside the in-flight span
-    missing: int = 0  # in the source, not in current
+    missing: int = 0  # rows in the source, not in current
     extra: int = 0  # in current, not in the source
     differing: int = 0  # in both, some column differs
+    repeated: int = 0  # keys the source holds more than once: current keeps one row per key
     in_flight_keys: int = 0  # keys left out: changed in the span the read could not pin
     in_flight_offsets: int = 0
     sample: list[str] = field(default_factory=list)
@@ -172,6 +173,7 @@ class CompletenessReport:
             not self.holes
             and not self.unfed
             and self.max_dead_letters_per_window <= self.dead_letter_threshold
+            and not self.repeated
             and (not self.compared or not (self.missing or self.extra or self.differing))
         )
 
@@ -251,6 +253,8 @@ def _hard_deletes(
     types = {c.name: lake_type(c.pgtype, c.typmod, c.dims) for c in schema.columns if c.name in keys}
     source_keys = read_jdbc(spark, source.key_read(table.config, keys), types)
     report.deleted_in_source, report.sample = keys_only_in(inputs.current, source_keys, list(keys), "deleted in source")
+    report.repeated, repeated_sample = repeated_keys(source_keys, list(keys))
+    report.sample += repeated_sample
     report.compare_note = (
         "polled source: keys compared with the source; rows it hard-deleted stay in current until the next "
         "reconciliation generation (poll.reconcile_every, or cdc-platform rehydrate) drops them"
@@ -275,8 +279,8 @@ def _reconcile(
         return result.confirmed
     rows = result.rows
     report.compared, report.source_rows, report.current_rows = True, result.source_rows, result.current_rows
-    report.compared_rows, report.missing, report.extra, report.differing = (
-        rows.compared, rows.missing, rows.extra, rows.differing,
+    report.compared_rows, report.missing, report.extra, report.differing, report.repeated = (
+        rows.compared, rows.missing, rows.extra, rows.differing, rows.repeated,
     )  # fmt: skip
     report.sample = rows.sample
     report.compare_note = (

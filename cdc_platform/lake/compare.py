@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 SAMPLE = 5
+REPEATED = "repeated in the source"  # a key the source holds more than once
 PIN_MOVED = "not compared: a new generation is being applied to current; compare again once it is"
 
 
@@ -51,7 +52,8 @@ class RowComparison:
     """Two tables of one shape, row by row by key."""
 
     compared: int = 0  # keys both sides hold
-    missing: int = 0  # in the source, not in current
+    missing: int = 0  # rows in the source, not in current (a repeated key's rows beyond the first too)
+    repeated: int = 0  # keys the source holds more than once: current keeps one row per key
     extra: int = 0  # in current, not in the source
     differing: int = 0  # in both, some column differs
     sample: list[str] = field(default_factory=list)
@@ -167,7 +169,9 @@ def compare_rows(
     """``source`` against ``current`` (its columns; columns the source dropped are not
     compared) by key, except the keys in ``leave_out``: a hash of every column on each
     side, with a null marker per column so a value moved between columns is a
-    difference. Samples: 'missing'/'extra'/'differs'."""
+    difference. A key the source holds twice is a row current cannot hold, even when
+    the two rows are alike, so its rows beyond the first count as missing. Samples:
+    'missing'/'extra'/'differs'/'repeated in the source'."""
     from pyspark.sql import functions as F
 
     columns = list(source.columns)
@@ -177,23 +181,40 @@ def compare_rows(
         parts = [p for c in columns for p in (F.col(f"`{c}`"), F.col(f"`{c}`").isNull())]
         return kept.select(*[f"`{k}`" for k in keys], F.xxhash64(*parts).alias("_row_hash"))
 
-    left = hashed(source).withColumnRenamed("_row_hash", "_source")
+    # one row per key; the aggregation's shuffle is the one the join needs anyway
+    per_key = hashed(source).groupBy(*[f"`{k}`" for k in keys])
+    left = per_key.agg(F.min("_row_hash").alias("_source"), F.count(F.lit(1)).alias("_copies"))
     right = hashed(current.select(*[f"`{c}`" for c in columns])).withColumnRenamed("_row_hash", "_current")
     joined = left.join(right, keys, "full_outer").cache()
     try:
         verdict = F.when(F.col("_current").isNull(), "missing").when(F.col("_source").isNull(), "extra")
+        verdict = verdict.when(F.col("_copies") > 1, REPEATED)
         verdict = verdict.when(F.col("_source") != F.col("_current"), "differs").otherwise("equal")
-        counts = {r["v"]: int(r["count"]) for r in joined.groupBy(verdict.alias("v")).count().collect()}
-        result = RowComparison(
-            counts.get("equal", 0) + counts.get("differs", 0),
-            counts.get("missing", 0), counts.get("extra", 0), counts.get("differs", 0),
-        )  # fmt: skip
-        for label in ("differs", "missing", "extra"):
-            if counts.get(label):
+        counted = joined.groupBy(verdict.alias("v")).agg(
+            F.count(F.lit(1)).alias("keys"), F.sum("_copies").alias("rows")
+        )
+        keys_by = {str(r["v"]): (int(r["keys"]), int(r["rows"] or 0)) for r in counted.collect()}
+        result = _comparison(keys_by)
+        for label in (REPEATED, "differs", "missing", "extra"):
+            if label in keys_by:
                 result.sample += key_samples(joined.where(verdict == label), keys, label)
         return result
     finally:
         joined.unpersist()
+
+
+def _comparison(by_verdict: dict[str, tuple[int, int]]) -> RowComparison:
+    """From (keys, source rows) per verdict: a repeated key's rows beyond the first are missing."""
+    keys = {verdict: counts[0] for verdict, counts in by_verdict.items()}
+    rows = {verdict: counts[1] for verdict, counts in by_verdict.items()}
+    repeated = keys.get(REPEATED, 0)
+    return RowComparison(
+        compared=keys.get("equal", 0) + keys.get("differs", 0) + repeated,
+        missing=rows.get("missing", 0) + rows.get(REPEATED, 0) - repeated,
+        extra=keys.get("extra", 0),
+        differing=keys.get("differs", 0),
+        repeated=repeated,
+    )
 
 
 def keys_only_in(frame: DataFrame, other: DataFrame, keys: list[str], label: str) -> tuple[int, list[str]]:
@@ -203,6 +224,18 @@ def keys_only_in(frame: DataFrame, other: DataFrame, keys: list[str], label: str
         return only.count(), key_samples(only, keys, label)
     finally:
         only.unpersist()
+
+
+def repeated_keys(frame: DataFrame, keys: list[str]) -> tuple[int, list[str]]:
+    """How many keys ``frame`` holds more than once, with samples: rows a table keyed on
+    ``keys`` cannot all hold."""
+    from pyspark.sql import functions as F
+
+    repeated = frame.groupBy(*[f"`{k}`" for k in keys]).count().where(F.col("count") > 1).cache()
+    try:
+        return repeated.count(), key_samples(repeated, keys, REPEATED)
+    finally:
+        repeated.unpersist()
 
 
 def key_samples(frame: DataFrame, keys: list[str], label: str) -> list[str]:

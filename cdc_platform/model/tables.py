@@ -97,6 +97,20 @@ def resolve_key(source_table: SourceTable, configured: list[str] | None, config_
     return source_table.primary_key
 
 
+def refuse_key_the_lake_merges(source_table: SourceTable, merged: dict[str, str], fix: str) -> None:
+    """Refuse a key with a column whose lake value stands for more than one source value
+    (``merged``: column -> how). Current holds one row per lake key, so two source rows
+    with such keys would become one and every check comparing by key would see them as
+    one: the lake would miss rows without a failing check. Fatal, with ``fix``."""
+    if not merged:
+        return
+    how = "; ".join(f"{column}: {why}" for column, why in merged.items())
+    raise SourceTableError(
+        f"{source_table.qualified} cannot be keyed on {', '.join(merged)}: the lake writes two different keys "
+        f"alike ({how}), so current would keep one row for both; {fix}"
+    )
+
+
 @dataclass(frozen=True)
 class LakeColumn:
     """One column as the lake decodes and stores it."""

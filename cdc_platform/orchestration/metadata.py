@@ -229,6 +229,7 @@ def completeness_check_metadata(report: CompletenessReport, dropped_by_generatio
         "missing_rows": dg.MetadataValue.int(report.missing),
         "extra_rows": dg.MetadataValue.int(report.extra),
         "differing_rows": dg.MetadataValue.int(report.differing),
+        "keys_repeated_in_source": dg.MetadataValue.int(report.repeated),
         "mismatches": dg.MetadataValue.int(report.missing + report.extra + report.differing),
         "keys_in_flight": dg.MetadataValue.int(report.in_flight_keys),
         "offsets_in_flight": dg.MetadataValue.int(report.in_flight_offsets),

@@ -299,7 +299,6 @@ def test_an_interrupted_polled_generation_resumes_without_reading_its_chunks_aga
 
 VOUCHING_DDL = [
     f"CREATE TABLE ids (id INT UNSIGNED PRIMARY KEY, n INT, {TS})",
-    f"CREATE TABLE flags (flag TINYINT(1) PRIMARY KEY, n INT, {TS})",
     f"CREATE TABLE by_n (id INT NOT NULL, n INT NOT NULL UNIQUE, {TS})",  # no primary key: one is configured
 ]
 
@@ -309,25 +308,21 @@ def test_a_polled_primary_key_vouches_for_its_chunks_and_the_log_shows_it_unique
     so the plan vouches for the chunk's keys when every key column's lake value is the value
     MariaDB compares (integers, strings read as they are); the Delta log's statistics then
     show an integer key unique without reading a row. Nothing else vouches: a configured key
-    (the table has none), a TINYINT(1) key (read as a boolean: 1 and 2 both true, so that
-    generation is rejected), an unsigned BIGINT read as text, an ENUM and a binary key."""
+    (the table has none), an unsigned BIGINT read as text, an ENUM and a binary key."""
     from cdc_platform.lake.key_proof import proven_unique, statistics_summaries
-    from cdc_platform.model.errors import GenerationRejectedError
 
     with env.db() as db:
         for ddl in [*VOUCHING_DDL, *CHUNKED_DDL]:
             db.execute(ddl)
         db.execute("INSERT INTO ids (id, n) SELECT seq * 3, seq FROM seq_1_to_1200")
-        db.execute("INSERT INTO flags (flag, n) VALUES (1, 1), (2, 2)")
         db.execute("INSERT INTO by_n (id, n) SELECT seq, seq FROM seq_1_to_10")
-    names = ["ids", "flags", "by_n", *CHUNKED_ROWS]
+    names = ["ids", "by_n", *CHUNKED_ROWS]
     env.write_config(
         "".join(f"  - name: crm.{env.database}.{name}\n{CHUNKED_POLL}" for name in names if name != "by_n")
         + f"  - name: crm.{env.database}.by_n\n    primary_key: [n]\n{CHUNKED_POLL}"
     )
     lake = Lake(env.config, spark)
-    vouches = {"ids": True, "tenants": True, "flags": False, "by_n": False, "big_ids": False, "moods": False,
-               "blobs": False}  # fmt: skip
+    vouches = {"ids": True, "tenants": True, "by_n": False, "big_ids": False, "moods": False, "blobs": False}
     for name, vouched in vouches.items():
         table = lake.table(f"crm.{env.database}.{name}")
         with lake.source(table.key).snapshot(table.config, lake.kafka, table.topic, False) as plan:
@@ -335,5 +330,47 @@ def test_a_polled_primary_key_vouches_for_its_chunks_and_the_log_shows_it_unique
     result = lake.snapshot(f"crm.{env.database}.ids", "g1")
     files = statistics_summaries(result.path, ("id",))
     assert result.rows == 1200 and files is not None and len(files) == 12 and proven_unique(files), files
-    with pytest.raises(GenerationRejectedError, match="holds 2 rows but 1 distinct keys"):
-        lake.snapshot(f"crm.{env.database}.flags", "g1")
+
+
+def test_a_tinyint1_key_is_refused_by_snapshot_and_poller(env: PollingEnv, spark: Any) -> None:
+    """A TINYINT(1) is read as a boolean, so keys 1 and 2 are both true to the lake: a
+    generation holding both was rejected, but one made before the second arrived
+    committed, and polling then merged the two rows into one current row. The key is
+    refused now where the table is described, naming the column and the fix."""
+    from cdc_platform.model.errors import SourceTableError
+
+    with env.db() as db:
+        db.execute(f"CREATE TABLE flags (flag TINYINT(1) PRIMARY KEY, n INT, {TS})")
+        db.execute("INSERT INTO flags (flag, n) VALUES (1, 1)")
+    env.write_config(f"  - name: crm.{env.database}.flags\n{CHUNKED_POLL}")
+    refused = "flags cannot be keyed on flag: .*tinyint\\(1\\) is read as a boolean, so 1 and 2.*TINYINT\\(4\\)"
+    with pytest.raises(SourceTableError, match=refused):
+        Lake(env.config, spark).snapshot(f"crm.{env.database}.flags", "g1")
+    with pytest.raises(SourceTableError, match=refused):
+        env.poll()
+
+
+def test_a_configured_key_the_source_holds_twice_fails_completeness(env: PollingEnv, spark: Any) -> None:
+    """A polled table without a primary key, keyed in the config on a column MariaDB does
+    not keep unique: a second row with a key current already holds leaves current a row
+    short. The check compared keys only and passed; it counts the source's rows per key now."""
+    with env.db() as db:
+        db.execute(f"CREATE TABLE visits (page VARCHAR(10) NOT NULL, n INT, {TS})")
+        db.execute("INSERT INTO visits (page, n) SELECT CONCAT('p', seq), seq FROM seq_1_to_20")
+    env.write_config(
+        f"  - name: crm.{env.database}.visits\n    primary_key: [page]\n"
+        "    poll: {mode: timestamp, timestamp_column: ts}\n    changelog: {grace_s: 0}\n"
+    )
+    lake = Lake(env.config, spark)
+    key = f"crm.{env.database}.visits"
+    env.poll()
+    lake.snapshot(key, "g1")
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+    with env.db() as db:
+        db.execute("INSERT INTO visits (page, n) VALUES ('p7', 7)")  # the same row again
+    _window(env, lake, key, start)
+    lake.current(key)
+    assert lake.read_current(key).count() == 20  # 21 rows in the source
+    report = lake.completeness(key)
+    assert not report.passed
+    assert report.repeated == 1 and 'repeated in the source {"page": "p7"}' in report.sample, report.sample

@@ -36,7 +36,14 @@ from typing import Any
 
 from cdc_platform.envelope.pgtypes import builtin_type
 from cdc_platform.model.errors import SourceTableError
-from cdc_platform.model.tables import LakeColumn, SourceColumn, SourceTable, TableSchema
+from cdc_platform.model.tables import (
+    LakeColumn,
+    SourceColumn,
+    SourceTable,
+    TableSchema,
+    refuse_key_the_lake_merges,
+    resolve_key,
+)
 
 # PostgreSQL type oids the mapping lands on (see envelope/pgtypes.BUILTIN_TYPES)
 OID_BOOL, OID_BYTEA, OID_INT8, OID_INT2, OID_INT4, OID_TEXT, OID_JSON = 16, 17, 20, 21, 23, 25, 114
@@ -232,6 +239,25 @@ def _source_column(row: tuple[Any, ...], m: MappedColumn) -> SourceColumn:
         type_oid=m.pg_oid,
         type_modifier=m.typmod,
     )
+
+
+def polled_key(
+    described: SourceTable, mapped: Iterable[MappedColumn], configured_key: list[str] | None, config_field: str
+) -> tuple[str, ...]:
+    """The table's key (``resolve_key``), refused when the lake would merge two of its
+    values: a TINYINT(1) key column is read as a boolean, so 1 and 2 are both true."""
+    key = resolve_key(described, configured_key, config_field)
+    merged = {
+        m.name: f"{m.source_type} is read as a boolean, so 1 and 2, two keys to MariaDB, are both true to the lake"
+        for m in mapped
+        if m.name in key and m.decode == "bool"
+    }
+    fix = (
+        "declare the column with another display width (MODIFY it as TINYINT(4), keeping its other attributes: "
+        "only TINYINT(1) is read as a boolean), or key the table on other columns"
+    )
+    refuse_key_the_lake_merges(described, merged, fix)
+    return key
 
 
 def table_schema(described: SourceTable, key: tuple[str, ...]) -> TableSchema:

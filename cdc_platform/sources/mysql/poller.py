@@ -50,10 +50,17 @@ from cdc_platform.envelope.debezium import CONNECTOR_VERSION, ColumnSpec, Envelo
 from cdc_platform.envelope.pgtypes import ConversionOptions, builtin_type
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.model.errors import FatalError, RetriableError, SourceTableError
-from cdc_platform.model.tables import SourceTable, resolve_key
+from cdc_platform.model.tables import SourceTable
 from cdc_platform.sources.backoff import Backoff
 from cdc_platform.sources.base import CaptureSettings
-from cdc_platform.sources.mysql.catalog import MappedColumn, describe_mysql_table, pg_text, quote_mysql, soft_deleted
+from cdc_platform.sources.mysql.catalog import (
+    MappedColumn,
+    describe_mysql_table,
+    pg_text,
+    polled_key,
+    quote_mysql,
+    soft_deleted,
+)
 from cdc_platform.sources.mysql.connection import MysqlEndpoint, database_clock_ns
 from cdc_platform.sources.mysql.cursors import TableCursor, cursor_key, read_stored_cursors
 
@@ -131,7 +138,7 @@ class PollingCapture:
         assert table.poll is not None  # the config requires it for jdbc sources
         poll = table.poll
         described, mapped = describe_mysql_table(conn, table.schema_name, table.table_name)
-        key = resolve_key(described, table.primary_key, f"tables[{table.key}].primary_key")
+        key = polled_key(described, mapped, table.primary_key, f"tables[{table.key}].primary_key")
         check_poll_columns(table, described)
         soft_index = None
         if poll.soft_delete_column is not None:

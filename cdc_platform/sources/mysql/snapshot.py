@@ -28,7 +28,7 @@ from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.model.chunks import ChunkPlan
 from cdc_platform.model.errors import SourceTableError
 from cdc_platform.model.generations import Watermark
-from cdc_platform.model.tables import SourceTable, resolve_key
+from cdc_platform.model.tables import SourceTable
 from cdc_platform.sources.base import ColumnRead, JdbcRead, SnapshotPlan
 from cdc_platform.sources.mysql.catalog import (
     OID_INT2,
@@ -38,6 +38,7 @@ from cdc_platform.sources.mysql.catalog import (
     MappedColumn,
     describe_mysql_table,
     live_row_sql,
+    polled_key,
     quote_mysql,
     table_schema,
 )
@@ -58,7 +59,7 @@ def snapshot_plan(
     conn = endpoint.connect("snapshot")
     try:
         described, mapped = describe_mysql_table(conn, table.schema_name, table.table_name)
-        key = resolve_key(described, table.primary_key, f"tables[{table.key}].primary_key")
+        key = polled_key(described, mapped, table.primary_key, f"tables[{table.key}].primary_key")
         vouched = key_unique_per_read(described, mapped, key)
         if resume is not None and described.schema_hash() == resume.schema_hash:
             read = jdbc_read(endpoint, table, mapped, mapped, resume.predicates, key)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from cdc_platform.config.model import TableConfig
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.model.chunks import ChunkPlan
-from cdc_platform.model.tables import SourceTable, TableSchema, resolve_key
+from cdc_platform.model.tables import SourceTable, TableSchema
 from cdc_platform.sources.base import (
     Capabilities,
     CaptureSettings,
@@ -23,7 +23,7 @@ from cdc_platform.sources.base import (
     SnapshotPlan,
     Source,
 )
-from cdc_platform.sources.mysql.catalog import describe_mysql_table, quote_mysql, table_schema
+from cdc_platform.sources.mysql.catalog import describe_mysql_table, polled_key, quote_mysql, table_schema
 from cdc_platform.sources.mysql.connection import MysqlEndpoint, database_clock_ns
 from cdc_platform.sources.mysql.cursors import TableCursor, read_stored_cursors
 from cdc_platform.sources.mysql.poller import PollingCapture
@@ -47,10 +47,10 @@ class MysqlConnector(Source):
     def describe(self, table: TableConfig) -> tuple[SourceTable, TableSchema]:
         conn = self.endpoint.connect("catalog")
         try:
-            described, _ = describe_mysql_table(conn, table.schema_name, table.table_name)
+            described, mapped = describe_mysql_table(conn, table.schema_name, table.table_name)
         finally:
             conn.close()
-        key = resolve_key(described, table.primary_key, f"tables[{table.key}].primary_key")
+        key = polled_key(described, mapped, table.primary_key, f"tables[{table.key}].primary_key")
         return described, table_schema(described, key)
 
     def observe(self, table: TableConfig) -> Observation:

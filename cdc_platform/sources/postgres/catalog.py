@@ -14,7 +14,14 @@ from psycopg import sql
 
 from cdc_platform.envelope.pgtypes import PgType, builtin_type
 from cdc_platform.model.errors import SourceTableError
-from cdc_platform.model.tables import LakeColumn, SourceColumn, SourceTable, TableSchema
+from cdc_platform.model.tables import (
+    LakeColumn,
+    SourceColumn,
+    SourceTable,
+    TableSchema,
+    refuse_key_the_lake_merges,
+    resolve_key,
+)
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
@@ -90,6 +97,36 @@ def table_schema(described: SourceTable, types: dict[int, PgType], key: tuple[st
         ),
         key,
     )
+
+
+def keyed_schema(conn: Connection, described: SourceTable, configured_key: list[str] | None,
+                 config_field: str) -> TableSchema:  # fmt: skip
+    """The resolved schema with the table's key (``resolve_key``), refusing a key the lake
+    would merge (``key_columns_the_lake_merges``)."""
+    key = resolve_key(described, configured_key, config_field)
+    schema = table_schema(described, resolve_pg_types(conn, [c.type_oid for c in described.columns]), key)
+    fix = (
+        "key it on columns the lake keeps apart: a primary key without them (an identity column, say), "
+        f"or on a table without a primary key other columns in {config_field}"
+    )
+    refuse_key_the_lake_merges(described, key_columns_the_lake_merges(schema), fix)
+    return schema
+
+
+def key_columns_the_lake_merges(schema: TableSchema) -> dict[str, str]:
+    """Key columns whose lake value can stand for two PostgreSQL keys, with how: a timetz
+    (under a domain or as an array's element too) is kept as its UTC time, the Debezium
+    representation, which drops the zone the key's equality keeps."""
+    return {
+        c.name: "a time with time zone is kept as its UTC time, so '12:00+01' and '11:00+00', two keys to "
+        "PostgreSQL, are one to the lake"
+        for c in schema.columns
+        if c.name in schema.key and _holds_timetz(c.pgtype)
+    }
+
+
+def _holds_timetz(pgtype: PgType) -> bool:
+    return pgtype.kind == "timetz" or (pgtype.element is not None and _holds_timetz(pgtype.element))
 
 
 def count_rows(conn: Connection, schema: str, table: str) -> int:

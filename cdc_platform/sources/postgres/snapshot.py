@@ -37,9 +37,9 @@ from cdc_platform.envelope.pgtypes import INT32_MAX, INT32_MIN, INT64_MAX, INT64
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.model.chunks import ChunkPlan
 from cdc_platform.model.generations import Watermark
-from cdc_platform.model.tables import LakeColumn, SourceTable, TableSchema, resolve_key
+from cdc_platform.model.tables import LakeColumn, SourceTable, TableSchema
 from cdc_platform.sources.base import ColumnRead, JdbcRead, SnapshotPlan
-from cdc_platform.sources.postgres.catalog import count_rows, describe_table, resolve_pg_types, table_schema
+from cdc_platform.sources.postgres.catalog import count_rows, describe_table, keyed_schema
 from cdc_platform.sources.postgres.chunks import plan_chunks, walk_chunks
 from cdc_platform.sources.postgres.slot import current_wal_position
 from cdc_platform.sources.postgres.stream import PostgresEndpoint
@@ -113,9 +113,9 @@ def key_unique_per_read(conn: psycopg.Connection[tuple[Any, ...]], described: So
     primary key (its unique index holds in each chunk's read, one statement, one MVCC
     snapshot), and no table inherits from it. A legacy inheritance child's rows are read
     with its parent's, and the parent's key does not cover them. A partitioned table's key
-    does cover its partitions. And every key column's lake value is one-to-one with its
-    PostgreSQL value (``_ONE_TO_ONE``): a timetz read as UTC text, for one, maps two keys
-    the index holds apart ('12:00+01', '11:00+00') to one lake key."""
+    does cover its partitions. And every key column's lake value is shown one-to-one with
+    its PostgreSQL value (``_ONE_TO_ONE``; a timetz key, which is not, is refused by
+    ``keyed_schema`` before a plan is made)."""
     if not _primary_key(described, schema):
         return False
     key_types = [c.pgtype for c in schema.columns if c.name in schema.key]
@@ -153,9 +153,7 @@ def _incremental_chunks(
 
 def describe(conn: psycopg.Connection[tuple[Any, ...]], table: TableConfig) -> tuple[SourceTable, TableSchema]:
     described = describe_table(conn, table.schema_name, table.table_name)
-    key = resolve_key(described, table.primary_key, f"tables[{table.key}].primary_key")
-    types = resolve_pg_types(conn, [c.type_oid for c in described.columns])
-    return described, table_schema(described, types, key)
+    return described, keyed_schema(conn, described, table.primary_key, f"tables[{table.key}].primary_key")
 
 
 def jdbc_read(

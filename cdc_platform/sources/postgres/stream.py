@@ -33,10 +33,9 @@ from cdc_platform.envelope.lsn import format_lsn
 from cdc_platform.envelope.pgtypes import ConversionError, ConversionOptions, PgType
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.model.errors import CdcError, FatalError, RetriableError, SlotLostError, SourceTableError
-from cdc_platform.model.tables import resolve_key
 from cdc_platform.sources.backoff import Backoff
 from cdc_platform.sources.base import CaptureSettings
-from cdc_platform.sources.postgres.catalog import describe_table, resolve_pg_types
+from cdc_platform.sources.postgres.catalog import describe_table, keyed_schema, resolve_pg_types
 from cdc_platform.sources.postgres.errors import classify_postgres_error
 from cdc_platform.sources.postgres.slot import SlotState, create_slot, current_wal_position, read_slot
 
@@ -248,7 +247,7 @@ class PostgresCapture:
 
     def _check_table(self, conn: psycopg.Connection[tuple[Any, ...]], table: TableConfig) -> tuple[str, ...]:
         described = describe_table(conn, table.schema_name, table.table_name)
-        key = resolve_key(described, table.primary_key, f"tables[{table.key}].primary_key")
+        key = keyed_schema(conn, described, table.primary_key, f"tables[{table.key}].primary_key").key
         if described.replica_identity == "nothing":
             raise SourceTableError(
                 f"{described.qualified} has REPLICA IDENTITY NOTHING: updates and deletes cannot be "
