@@ -15,7 +15,9 @@ Dagster edge turns it into an ``AssetCheckResult``.
   consistent read of the source, row by row (rows compared, missing, extra, differing,
   with samples), leaving out only the keys with an event in the Kafka span the read
   cannot pin (``model.coverage.in_flight_ranges``), so busy tables get a verdict too.
-  A source that cannot see hard deletes (polling) has its keys compared instead.
+  A source that cannot see hard deletes (polling) is compared the same way, its rows
+  only current holds counted as hard deletes (a warning); with its poller stopped, only
+  its keys are compared. A key the source holds twice fails either way.
 """
 
 from __future__ import annotations
@@ -167,6 +169,28 @@ class CompletenessReport:
     topic_events: int | None = None
     unfed: str = ""
 
+    def description(self, table: str, polled: bool) -> str | None:
+        """What the check's result says beside its numbers: the cause and the fix."""
+        if self.repeated:
+            return (
+                f"{self.repeated} key(s) are held by more than one source row, and current keeps one row per key, so "
+                f"it lacks the others: key {table} on columns unique in the source (a primary key, or "
+                "tables[].primary_key), then rehydrate"
+            )
+        if polled and self.compared and (self.missing or self.differing):
+            return (
+                f"{self.missing + self.differing} row(s) of current differ from the source: polling passed over their "
+                "changes (a transaction that committed after a poll had read past its timestamp column: raise "
+                "poll.timestamp_delay_s to cover the longest transaction; in incrementing mode, any update). A "
+                f"reconciliation generation repairs current: cdc-platform rehydrate {table}"
+            )
+        if self.passed and self.deleted_in_source:
+            return (
+                f"{self.deleted_in_source} row(s) exist in current but no longer in the source (hard deletes, which "
+                "polling cannot see); the next reconciliation generation drops them"
+            )
+        return self.unfed or None
+
     @property
     def passed(self) -> bool:
         return (
@@ -206,7 +230,7 @@ def check_completeness(
         if written is not None:
             check_feed(ledger, kafka, table, report, written, captured, source.unfed_cause(table.config))
     else:
-        _hard_deletes(spark, source, table, inputs, report)
+        _reconcile_polled(spark, ledger, source, kafka, table, inputs, report)
     if not report.compared:  # a comparison counted the version it pinned
         report.current_rows = inputs.current.count()
     return report
@@ -240,6 +264,30 @@ def _dead_letters(spark: SparkSession, table: LakeTable) -> tuple[int, int]:
         return 0, 0
     per_window = spark.read.format("delta").load(table.dead_letters_path).groupBy("window_start").count().collect()
     return sum(int(r["count"]) for r in per_window), max((int(r["count"]) for r in per_window), default=0)
+
+
+def _reconcile_polled(
+    spark: SparkSession, ledger: Ledger, source: Source, kafka: KafkaClients, table: LakeTable,
+    inputs: CompletenessInputs, report: CompletenessReport,
+) -> None:  # fmt: skip
+    """Polling: current against one read of the source row by row, as for log-based
+    sources, so a change the cursor passed over (a transaction that committed after a poll
+    read past its timestamp; an update in incrementing mode) is a differing row. Rows only
+    current holds are the source's hard deletes, which polling cannot see: they count as
+    ``deleted_in_source``, a warning the next reconciliation resolves. When no poll began
+    after the read in time (the poller stopped), the keys are compared instead."""
+    _reconcile(spark, ledger, source, kafka, table, report)
+    if not report.compared:
+        why = report.compare_note
+        _hard_deletes(spark, source, table, inputs, report)
+        report.compare_note = f"rows {why}; {report.compare_note}"
+        return
+    report.deleted_in_source, report.extra = report.extra, 0
+    report.sample = [f"deleted in source{s[len('extra') :]}" if s.startswith("extra ") else s for s in report.sample]
+    report.compare_note += (
+        f"; polled source: the {report.deleted_in_source} row(s) only current holds were hard-deleted in the source "
+        "and stay until the next reconciliation generation (poll.reconcile_every, or cdc-platform rehydrate)"
+    )
 
 
 def _hard_deletes(

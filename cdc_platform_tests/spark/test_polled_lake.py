@@ -374,3 +374,54 @@ def test_a_configured_key_the_source_holds_twice_fails_completeness(env: Polling
     report = lake.completeness(key)
     assert not report.passed
     assert report.repeated == 1 and 'repeated in the source {"page": "p7"}' in report.sample, report.sample
+
+
+def test_a_change_the_cursor_passed_over_fails_completeness(env: PollingEnv, spark: Any) -> None:
+    """A transaction that commits after a poll has read past its rows' timestamp is passed
+    by the cursor (README, "Polled sources"): current keeps the old row. The completeness
+    check compared keys only for polled tables and passed; it compares rows now, with the
+    poller running as a user runs it, and names the cause and the fix."""
+    from cdc_platform.lake.checks import CompletenessReport
+
+    env.write_config(f"  - name: crm.{env.database}.accounts\n    poll: {POLL}}}\n    changelog: {{grace_s: 0}}\n")
+    lake = Lake(env.config, spark)
+    key = f"crm.{env.database}.accounts"
+    with env.db() as db:
+        db.executemany("INSERT INTO accounts (email, balance) VALUES (%s, 1)", [(f"a{i}@x.io",) for i in range(10)])
+    env.poll()
+    lake.snapshot(key, "g1")
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+    with env.db() as late:
+        late.execute("BEGIN")
+        late.execute("UPDATE accounts SET balance = 111 WHERE id = 1")  # its updated_at: now
+        with env.db() as db:
+            db.execute("UPDATE accounts SET balance = 222 WHERE id = 2")  # later, committed first
+        env.poll()  # the cursor moves past both timestamps; row 1's change is not committed yet
+        late.execute("COMMIT")
+    _window(env, lake, key, start)
+    lake.current(key)
+    applied = _lake(lake, key)
+    assert (str(applied[1]["balance"]), str(applied[2]["balance"])) == ("1.00", "222.00")  # passed over
+    with env.db() as db:
+        db.execute("DELETE FROM accounts WHERE id = 9")  # a hard delete: a warning, as before
+
+    def completeness_while_polling() -> CompletenessReport:
+        poller = env.poller(until_caught_up=False)
+        running = threading.Thread(target=poller.run, daemon=True)
+        running.start()
+        try:
+            return lake.completeness(key)
+        finally:
+            poller.stop()
+            running.join(30)
+
+    report = completeness_while_polling()
+    assert report.compared and not report.passed, report.compare_note
+    assert (report.differing, report.missing, report.extra, report.deleted_in_source) == (1, 0, 0, 1), report.sample
+    assert sorted(report.sample) == ['deleted in source {"id": 9}', 'differs {"id": 1}']
+    described = report.description(key, polled=True)
+    assert described is not None and "poll.timestamp_delay_s" in described and "rehydrate" in described
+    # the poller exited: no poll will begin after the read; the check says so and compares the keys
+    keys_only = lake.completeness(key)
+    assert not keys_only.compared and keys_only.deleted_in_source == 1
+    assert "the poller stopped (its cursors say so)" in keys_only.compare_note, keys_only.compare_note

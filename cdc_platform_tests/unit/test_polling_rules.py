@@ -3,6 +3,7 @@ conversion, soft-delete rule, poll config validation, the reconciliation decisio
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -15,6 +16,8 @@ from cdc_platform.lake.lake_types import lake_type
 from cdc_platform.model.generations import Generation, GenerationStatus
 from cdc_platform.model.rehydration import RECONCILIATION_GRACE_S, Reason, reconciliation_due, unseen_deletes
 from cdc_platform.model.schemas import ColumnVersion, SchemaVersion, compare
+from cdc_platform.sources import open_source
+from cdc_platform.sources.base import Source
 from cdc_platform.sources.mysql.catalog import (
     MappedColumn,
     json_valid_columns,
@@ -24,6 +27,7 @@ from cdc_platform.sources.mysql.catalog import (
     schema_type_name,
     soft_deleted,
 )
+from cdc_platform.sources.mysql.cursors import TableCursor
 
 # information_schema's DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE -> lake type
 MAPPING_CASES = [
@@ -181,3 +185,50 @@ def test_mariadb_schema_changes_are_judged_by_their_lake_types() -> None:
     ).compatible
     same = compare(version("varchar(20)", "varchar"), version("varchar(40)", "varchar"), CompatibilityMode.FULL)
     assert (same.added, same.dropped, same.retyped, same.problems) == ((), (), (), ())
+
+
+def _waiting_source(monkeypatch: pytest.MonkeyPatch, cursors: dict[str, TableCursor]) -> Source:
+    poll = {"mode": "timestamp", "timestamp_column": "updated_at"}
+    config = PlatformConfig.model_validate(_config({"name": "crm.crm.accounts", "poll": poll}))
+    source = open_source(config, "crm")
+    monkeypatch.setattr(source, "stored_cursors", lambda: cursors)
+    return source
+
+
+SECOND_NS = 1_000_000_000
+READ_AT_NS = 1_800_000_000 * SECOND_NS  # the database clock after a check's source read
+
+
+@pytest.mark.parametrize(
+    ("cursor", "answer"),
+    [
+        (TableCursor("timestamp", caught_up_at=READ_AT_NS + 1), ""),  # a poll after the read reached the end
+        (TableCursor("timestamp", caught_up_at=READ_AT_NS - SECOND_NS, stopped=True), "the poller stopped"),
+        (TableCursor("timestamp", caught_up_at=READ_AT_NS - 60 * SECOND_NS), "end for 60 s"),  # it died
+        (TableCursor("timestamp"), "end yet"),  # it never read the table to the end
+    ],
+    ids=["caught up", "exited", "silent", "never"],
+)
+def test_a_check_waiting_for_the_poller_answers_at_once_when_nothing_polls(
+    monkeypatch: pytest.MonkeyPatch, cursor: TableCursor, answer: str
+) -> None:
+    """A check waits for a poll that began after its read (up to 15 s); a poller that
+    exited marked its cursors stopped, and one that died has recorded nothing for longer
+    than a running one ever leaves (10 s for a quiet table, plus three poll intervals)."""
+    source = _waiting_source(monkeypatch, {"crm.crm.accounts": cursor})
+    began = time.monotonic()
+    said = source.wait_until_captured(READ_AT_NS, began + 5, stop_when_unread=True)
+    assert answer in said and (said == "") is (answer == "")
+    assert not answer or "cdc-platform capture run --source crm" in said
+
+
+def test_a_running_poller_is_waited_for_and_verify_waits_its_whole_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poller that read to the end 20 s before the read (a quiet table, within 10 s plus
+    three 5 s polls) is running: the check waits for it, up to its deadline. And verify,
+    which does not stop early, waits for a stopped poller too (it may be restarting)."""
+    recent = TableCursor("timestamp", caught_up_at=READ_AT_NS - 20 * SECOND_NS)
+    source = _waiting_source(monkeypatch, {"crm.crm.accounts": recent})
+    assert "since the source was read" in source.wait_until_captured(READ_AT_NS, time.monotonic() - 1, True)
+    stopped = TableCursor("timestamp", caught_up_at=READ_AT_NS - 60 * SECOND_NS, stopped=True)
+    source = _waiting_source(monkeypatch, {"crm.crm.accounts": stopped})
+    assert "since the source was read" in source.wait_until_captured(READ_AT_NS, time.monotonic() - 1, False)

@@ -226,18 +226,7 @@ class CurrentStep:
         )
         # rows a polled source hard-deleted: a warning, fixed by the next reconciliation generation
         hard_deleted = completeness.passed and completeness.deleted_in_source > 0
-        description = completeness.unfed or None
-        if completeness.repeated:
-            description = (
-                f"{completeness.repeated} key(s) are held by more than one source row, and current keeps one row per "
-                f"key, so it lacks the others: key {self.table.key} on columns unique in the source (a primary key, "
-                "or tables[].primary_key), then rehydrate"
-            )
-        if hard_deleted:
-            description = (
-                f"{completeness.deleted_in_source} row(s) exist in current but no longer in the source (hard "
-                "deletes, which polling cannot see); the next reconciliation generation drops them"
-            )
+        description = completeness.description(self.table.key, polled=not self.source.capabilities.sees_hard_deletes)
         metadata = completeness_check_metadata(completeness, result.dropped_by_generation)
         yield self._check(
             COMPLETENESS_CHECK, completeness.passed and not hard_deleted, metadata, description, hard_deleted

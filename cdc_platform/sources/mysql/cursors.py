@@ -27,6 +27,7 @@ class TableCursor:
     # every change committed before it is in Kafka (what `verify` waits for)
     caught_up_at: int = 0
     committed_at: str | None = None
+    stopped: bool = False  # written by a poller as it exited: no poll follows until one starts
 
     def describe(self) -> str:
         parts = [f"{k}={v}" for k, v in (("timestamp", self.timestamp), ("incrementing", self.incrementing)) if v]

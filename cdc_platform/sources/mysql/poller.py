@@ -37,7 +37,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -170,7 +170,7 @@ class PollingCapture:
                 caught_up = self.poll_round()
                 backoff.reset()
                 if caught_up and self.settings.until_caught_up:
-                    return self.stats
+                    break
                 self._sleep(self.source.poll_interval_s)
             except (pymysql.err.MySQLError, RetriableError) as exc:
                 error = exc if isinstance(exc, RetriableError) else self.endpoint.classify(exc)
@@ -178,7 +178,18 @@ class PollingCapture:
                     raise error from None
                 self.stats.reconnects += 1
                 backoff.failed(error)
+        self._record_stopped()
         return self.stats
+
+    def _record_stopped(self) -> None:
+        """Each table's cursor again, marked stopped, so a check waiting for the next poll
+        answers at once instead of waiting it out (``MysqlSource.wait_until_captured``)."""
+        producer = self.kafka.producer()
+        try:
+            for table in self.tables:
+                self._commit_cursor(producer, table, table.cursor, stopped=True)
+        except RetriableError as exc:  # the cursors stand; a waiting check just waits longer
+            log.warning("could not mark the cursors stopped: %s", exc)
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -316,12 +327,15 @@ class PollingCapture:
             "mode": table.poll.mode, "cursor": cursor,
         }  # fmt: skip
 
-    def _commit_cursor(self, producer: Producer, table: PolledTable, cursor: TableCursor) -> None:
+    def _commit_cursor(
+        self, producer: Producer, table: PolledTable, cursor: TableCursor, stopped: bool = False
+    ) -> None:
         """Store the cursor; only after Kafka acknowledged it is the batch done."""
         cursor.committed_at = datetime.now(UTC).isoformat()
         errors: list[KafkaError] = []
         key = cursor_key(self.endpoint.name, table.config.key)
-        _produce(producer, self.endpoint.offsets_topic, key, cursor.to_bytes(), _collect(errors))
+        record = replace(cursor, stopped=stopped).to_bytes()
+        _produce(producer, self.endpoint.offsets_topic, key, record, _collect(errors))
         if producer.flush(FLUSH_S) or errors:
             raise RetriableError(
                 f"{table.config.key}: storing the cursor in {self.endpoint.offsets_topic} failed "

@@ -26,7 +26,7 @@ from cdc_platform.sources.base import (
 from cdc_platform.sources.mysql.catalog import describe_mysql_table, polled_key, quote_mysql, table_schema
 from cdc_platform.sources.mysql.connection import MysqlEndpoint, database_clock_ns
 from cdc_platform.sources.mysql.cursors import TableCursor, read_stored_cursors
-from cdc_platform.sources.mysql.poller import PollingCapture
+from cdc_platform.sources.mysql.poller import CAUGHT_UP_EVERY_NS, PollingCapture
 from cdc_platform.sources.mysql.snapshot import jdbc_read, snapshot_plan
 
 EXACT_COUNT_LIMIT = 5_000_000
@@ -113,18 +113,26 @@ class MysqlConnector(Source):
         return iter(())
 
     def wait_until_captured(self, position: int, deadline: float, stop_when_unread: bool = False) -> str:
-        """A poll that began after ``position`` read the table to the end (a poller leaves no
-        sign of running between polls, so ``stop_when_unread`` changes nothing)."""
+        """A poll that began after ``position`` read the table to the end. With
+        ``stop_when_unread``, no use waiting when nothing polls: a poller that exited marks
+        its cursors stopped, and a running one records reading to the end at least every
+        ``CAUGHT_UP_EVERY_NS`` (a quiet table) plus a poll interval, so no such record in
+        that span, three polls over, before ``position`` means one that died."""
+        silent_ns = CAUGHT_UP_EVERY_NS + 3 * int(self.endpoint.config.poll_interval_s * 1_000_000_000)
+        start = f"start it: cdc-platform capture run --source {self.name}"
         while True:
             cursors = self.stored_cursors()
             tables = [t.key for t in self.endpoint.tables]
             if all(key in cursors and cursors[key].caught_up_at >= position for key in tables):
                 return ""
+            if stop_when_unread and cursors and all(c.stopped for c in cursors.values()):
+                return f"the poller stopped (its cursors say so) before it read the table to the end; {start}"
+            newest = max((c.caught_up_at for c in cursors.values()), default=0)
+            if stop_when_unread and position - newest > silent_ns:
+                since = f"for {(position - newest) // 10**9} s" if newest else "yet"
+                return f"the poller has not read a table to the end {since}; {start}"
             if time.monotonic() > deadline:
-                return (
-                    "the poller has not read the table to the end since verify started; is it running? start it: "
-                    f"cdc-platform capture run --source {self.name}"
-                )
+                return f"the poller has not read the table to the end since the source was read; is it running? {start}"
             time.sleep(WAIT_POLL_S)
 
 
