@@ -120,6 +120,55 @@ def compare_at_one_read(
         return result
 
 
+def compare_history(
+    spark: SparkSession, ledger: Ledger, kafka: KafkaClients, table: LakeTable, schema: TableSchema,
+    max_in_flight_offsets: int | None = None,
+) -> ExactComparison:  # fmt: skip
+    """History's open versions against current, row by row: each key current holds has one
+    open version equal to it, and no other key has one. Current and history commit each
+    batch separately (history's MERGE runs beside current's), so they are pinned after the
+    ledger's frontier, which is recorded only once both committed: below it both applied
+    every event, and the keys with an event at or after it are left out. ``rows`` compares
+    history (as the "source") with current: 'missing' is an open version current lacks,
+    'repeated in the source' a key with two open versions."""
+    pinned = pin_current(spark, ledger, table)
+    if pinned is None:
+        return ExactComparison(note=PIN_MOVED)
+    history = _pinned_history(spark, table)
+    spans = in_flight_ranges(pinned.frontier, pinned.frontier, kafka.end_offsets(table.topic))
+    result = ExactComparison(current_version=pinned.version)
+    result.in_flight_offsets = sum(end - start for _, start, end in spans)
+    if max_in_flight_offsets is not None and result.in_flight_offsets > max_in_flight_offsets:
+        result.note = (
+            f"not compared: {result.in_flight_offsets} offsets beyond the frontier both applied exceed "
+            f"completeness.max_in_flight_offsets={max_in_flight_offsets}"
+        )
+        return result
+    moved = in_flight_keys(spark, kafka, table, spans, schema)
+    if moved is None:
+        result.note = "not compared: a truncate is in flight; compare after it is applied"
+        return result
+    try:
+        shared = [
+            c for c in pinned.frame.columns if c in history.columns
+        ]  # a column added since: compared once both have it
+        open_versions = history.where("is_current").select(*[f"`{c}`" for c in shared])
+        result.source_rows, result.current_rows = open_versions.count(), pinned.frame.count()
+        result.in_flight_keys = moved.count()
+        result.rows = compare_rows(open_versions, pinned.frame, list(schema.key), moved)
+    finally:
+        moved.unpersist()
+    return result
+
+
+def _pinned_history(spark: SparkSession, table: LakeTable) -> DataFrame:
+    """History at its latest Delta version, fixed now (after current's pin)."""
+    from delta.tables import DeltaTable
+
+    version = int(DeltaTable.forPath(spark, table.history_path).history(1).select("version").collect()[0][0])
+    return spark.read.format("delta").option("versionAsOf", version).load(table.history_path)
+
+
 def pin_current(spark: SparkSession, ledger: Ledger, table: LakeTable) -> PinnedCurrent | None:
     """Current at its latest Delta version, with the frontier the ledger recorded before
     that version was fixed (so the version applied at least that much); None while a

@@ -10,6 +10,7 @@ from cdc_platform.config.model import TableConfig
 SCHEMA_CHECK = "schema_compatible"
 KEYS_CHECK = "keys"
 COMPLETENESS_CHECK = "completeness"
+HISTORY_CHECK = "open_versions_match_current"
 
 # run tags
 TAG_TABLE = "cdc/table"

@@ -11,6 +11,7 @@ import dagster as dg
 
 from cdc_platform.lake.changelog import ChangelogDay, WindowResult
 from cdc_platform.lake.checks import CompletenessReport, KeysReport
+from cdc_platform.lake.compare import ExactComparison, RowComparison
 from cdc_platform.lake.current import CurrentResult
 from cdc_platform.lake.schema_registry import SchemaReport
 from cdc_platform.lake.snapshot import SnapshotResult
@@ -180,6 +181,36 @@ def history_metadata(result: CurrentResult) -> Metadata:
         "versions_closed": dg.MetadataValue.int(result.history.versions_closed),
         "generation": dg.MetadataValue.text(result.generation),
     }
+
+
+def history_check_metadata(comparison: ExactComparison) -> Metadata:
+    rows = comparison.rows or RowComparison()
+    return {
+        "compared": dg.MetadataValue.bool(comparison.rows is not None),
+        "open_versions": dg.MetadataValue.int(comparison.source_rows),
+        "current_rows": dg.MetadataValue.int(comparison.current_rows),
+        "keys_compared": dg.MetadataValue.int(rows.compared),
+        "open_versions_not_in_current": dg.MetadataValue.int(rows.missing),
+        "current_rows_without_open_version": dg.MetadataValue.int(rows.extra),
+        "differing_rows": dg.MetadataValue.int(rows.differing),
+        "keys_with_two_open_versions": dg.MetadataValue.int(rows.repeated),
+        "keys_in_flight": dg.MetadataValue.int(comparison.in_flight_keys),
+        "current_version": dg.MetadataValue.int(comparison.current_version),
+        "note": dg.MetadataValue.text(comparison.note),
+        "sample_keys": dg.MetadataValue.json(rows.sample),
+    }
+
+
+def history_mismatch(comparison: ExactComparison) -> str:
+    """The history check's failure in words (history is the comparison's "source" side)."""
+    rows = comparison.rows or RowComparison()
+    parts = [
+        (rows.missing, "open version(s) of keys current does not hold"),
+        (rows.extra, "current row(s) without an open version"),
+        (rows.differing, "open version(s) that differ from current"),
+        (rows.repeated, "key(s) with two open versions"),
+    ]
+    return ", ".join(f"{n} {what}" for n, what in parts if n)
 
 
 def schema_check_metadata(report: SchemaReport) -> Metadata:

@@ -1,4 +1,4 @@
-"""Current state (and history), with its three checks, in one step and one Spark session."""
+"""Current state (and history), with their checks, in one step and one Spark session."""
 
 from collections.abc import Iterator
 from datetime import timedelta
@@ -14,6 +14,7 @@ from cdc_platform.lake.checks import (
     pandera_errors,
     recent_changelog,
 )
+from cdc_platform.lake.compare import compare_history
 from cdc_platform.lake.current import (
     POSITION_COLUMNS,
     CurrentResult,
@@ -29,6 +30,7 @@ from cdc_platform.model.tables import TableSchema
 from cdc_platform.orchestration.failures import RETRY_POLICY, as_failure, failures_mapped
 from cdc_platform.orchestration.keys import (
     COMPLETENESS_CHECK,
+    HISTORY_CHECK,
     KEYS_CHECK,
     SCHEMA_CHECK,
     changelog_asset_key,
@@ -40,7 +42,9 @@ from cdc_platform.orchestration.keys import (
 from cdc_platform.orchestration.metadata import (
     completeness_check_metadata,
     current_metadata,
+    history_check_metadata,
     history_metadata,
+    history_mismatch,
     keys_check_metadata,
     schema_check_metadata,
 )
@@ -129,6 +133,21 @@ def check_specs(table: TableConfig) -> list[dg.AssetCheckSpec]:
                 "threshold; the topic is fed (the source's rows-written count moved only if the topic did); "
                 "current equals one consistent source read row by row, except keys with changes in flight."
             ),
+        ),
+        *(
+            [
+                dg.AssetCheckSpec(
+                    HISTORY_CHECK,
+                    asset=history_asset_key(table),
+                    description=(
+                        "Each key current holds has exactly one open version (is_current) in history, equal to it "
+                        "row by row, and no other key has one; keys with changes beyond the frontier both applied "
+                        "are left out."
+                    ),
+                )
+            ]
+            if table.history
+            else []
         ),
     ]
 
@@ -231,12 +250,36 @@ class CurrentStep:
         yield self._check(
             COMPLETENESS_CHECK, completeness.passed and not hard_deleted, metadata, description, hard_deleted
         )
+        if self.table.config.history:
+            yield self.history_check(table_schema)
+
+    def history_check(self, schema: TableSchema) -> dg.AssetCheckResult:
+        """History's open versions against current (``lake.compare.compare_history``)."""
+        cap = self.table.config.completeness.max_in_flight_offsets
+        comparison = compare_history(self.spark, self.ledger, self.kafka.clients(), self.table, schema, cap)
+        rows = comparison.rows
+        passed = rows is None or not (rows.missing or rows.extra or rows.differing or rows.repeated)
+        description = comparison.note or None
+        if not passed:
+            description = (
+                f"history's open versions do not match current ({history_mismatch(comparison)}; see sample_keys). "
+                f"A new generation (cdc-platform rehydrate {self.table.key}) opens a version for each row that "
+                "differs from its open one and closes the open versions of keys the source no longer holds"
+            )
+        return self._check(
+            HISTORY_CHECK,
+            passed,
+            history_check_metadata(comparison),
+            description,
+            asset=history_asset_key(self.table.config),
+        )
 
     def _check(
-        self, name: str, passed: bool, metadata: dict[str, Any], description: str | None = None, warn: bool = False
-    ) -> dg.AssetCheckResult:
+        self, name: str, passed: bool, metadata: dict[str, Any], description: str | None = None, warn: bool = False,
+        asset: dg.AssetKey | None = None,
+    ) -> dg.AssetCheckResult:  # fmt: skip
         return dg.AssetCheckResult(
-            asset_key=self.key,
+            asset_key=asset or self.key,
             check_name=name,
             passed=passed,
             severity=dg.AssetCheckSeverity.WARN if warn else dg.AssetCheckSeverity.ERROR,
