@@ -98,26 +98,7 @@ def compare_at_one_read(
         if pinned is None:
             return ExactComparison(note=PIN_MOVED)
         spans = in_flight_ranges(pinned.frontier, plan.watermark.kafka_end_offsets, kafka.end_offsets(table.topic))
-        result = ExactComparison(current_version=pinned.version)
-        result.in_flight_offsets = sum(end - start for _, start, end in spans)
-        if max_in_flight_offsets is not None and result.in_flight_offsets > max_in_flight_offsets:
-            result.note = (
-                f"not compared: {result.in_flight_offsets} offsets in flight (current's frontier or the source read "
-                f"to the end of the topic) exceed completeness.max_in_flight_offsets={max_in_flight_offsets}; apply "
-                "current more often, or raise the cap"
-            )
-            return result
-        moved = in_flight_keys(spark, kafka, table, spans, plan.schema)
-        if moved is None:
-            result.note = "not compared: a truncate is in flight; compare after it is applied"
-            return result
-        try:
-            result.source_rows, result.current_rows = truth.count(), pinned.frame.count()
-            result.in_flight_keys = moved.count()
-            result.rows = compare_rows(truth, pinned.frame, list(plan.schema.key), moved)
-        finally:
-            moved.unpersist()
-        return result
+        return _compare_pinned(spark, kafka, table, plan.schema, pinned, spans, max_in_flight_offsets, truth)
 
 
 def compare_history(
@@ -136,12 +117,27 @@ def compare_history(
         return ExactComparison(note=PIN_MOVED)
     history = _pinned_history(spark, table)
     spans = in_flight_ranges(pinned.frontier, pinned.frontier, kafka.end_offsets(table.topic))
+    shared = [
+        c for c in pinned.frame.columns if c in history.columns
+    ]  # a column added since: compared once both have it
+    open_versions = history.where("is_current").select(*[f"`{c}`" for c in shared])
+    return _compare_pinned(spark, kafka, table, schema, pinned, spans, max_in_flight_offsets, open_versions)
+
+
+def _compare_pinned(
+    spark: SparkSession, kafka: KafkaClients, table: LakeTable, schema: TableSchema, pinned: PinnedCurrent,
+    spans: list[tuple[int, int, int]], max_in_flight_offsets: int | None, side: DataFrame,
+) -> ExactComparison:  # fmt: skip
+    """``side`` (a source read, history's open versions) against pinned current, the keys
+    with an event in ``spans`` left out: not compared above ``max_in_flight_offsets`` (the
+    span is decoded) or with a truncate in the span (every key is in flight then)."""
     result = ExactComparison(current_version=pinned.version)
     result.in_flight_offsets = sum(end - start for _, start, end in spans)
     if max_in_flight_offsets is not None and result.in_flight_offsets > max_in_flight_offsets:
         result.note = (
-            f"not compared: {result.in_flight_offsets} offsets beyond the frontier both applied exceed "
-            f"completeness.max_in_flight_offsets={max_in_flight_offsets}"
+            f"not compared: {result.in_flight_offsets} offsets in flight (beyond current's frontier, or since the "
+            f"source read, to the end of the topic) exceed completeness.max_in_flight_offsets={max_in_flight_offsets}; "
+            "apply current more often, or raise the cap"
         )
         return result
     moved = in_flight_keys(spark, kafka, table, spans, schema)
@@ -149,13 +145,9 @@ def compare_history(
         result.note = "not compared: a truncate is in flight; compare after it is applied"
         return result
     try:
-        shared = [
-            c for c in pinned.frame.columns if c in history.columns
-        ]  # a column added since: compared once both have it
-        open_versions = history.where("is_current").select(*[f"`{c}`" for c in shared])
-        result.source_rows, result.current_rows = open_versions.count(), pinned.frame.count()
+        result.source_rows, result.current_rows = side.count(), pinned.frame.count()
         result.in_flight_keys = moved.count()
-        result.rows = compare_rows(open_versions, pinned.frame, list(schema.key), moved)
+        result.rows = compare_rows(side, pinned.frame, list(schema.key), moved)
     finally:
         moved.unpersist()
     return result

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,7 @@ def _assert_each_offset_once_and_no_hole(lake: Lake, spark: Any, key: str) -> No
 
 
 def test_the_stream_apply_keeps_current_equal_to_the_source(env: CaptureEnv, spark: Any) -> None:
+    env.configure_table("items", "history: true")  # history merged beside current, checked while it streams
     lake, keys = Lake(env.config, spark), _keys(env)
     # auto compaction at 4 small files instead of 50: this test's batches reach it
     spark.conf.set(MIN_FILES, "4")
@@ -168,11 +170,10 @@ def _sealing_a_day_compacts_it(lake: Lake, key: str) -> None:
     assert sum(sealed.events.values()) == after.count() and sealed.sealed and not sealed.holes
 
 
-def _verify_while_it_streams(lake: Lake, key: str, engine: StreamApply, workload: Workload) -> list[Any]:
-    """``verify`` on a table that never stops changing while the apply keeps merging:
-    exact on its first round (current read at one version, the keys changed meanwhile
-    left out), not DIFFERS because the apply moved on between the two reads (before:
-    every round differed, and verify gave up on the running demo after 10 minutes)."""
+@contextmanager
+def applying_in_a_thread(engine: StreamApply) -> Iterator[list[Any]]:
+    """The apply's passes one after another in a thread for the block, as ``run_forever``
+    runs them; yields the list they append their results to."""
     applied: list[Any] = []
     stop = threading.Event()
 
@@ -184,13 +185,41 @@ def _verify_while_it_streams(lake: Lake, key: str, engine: StreamApply, workload
     applying = threading.Thread(target=keep_applying, daemon=True)
     applying.start()
     try:
+        yield applied
+    finally:
+        stop.set()
+        applying.join(120)
+
+
+def _history_check(lake: Lake, key: str) -> Any:
+    from cdc_platform.lake.compare import compare_history
+    from cdc_platform.model.tables import TableSchema
+
+    committed = lake.ledger.committed(key)
+    assert committed is not None
+    schema = TableSchema.from_json(committed.schema_json)
+    return compare_history(lake.spark, lake.ledger, lake.kafka, lake.table(key), schema)
+
+
+def _verify_while_it_streams(lake: Lake, key: str, engine: StreamApply, workload: Workload) -> list[Any]:
+    """``verify`` on a table that never stops changing while the apply keeps merging:
+    exact on its first round (current read at one version, the keys changed meanwhile
+    left out), not DIFFERS because the apply moved on between the two reads (before:
+    every round differed, and verify gave up on the running demo after 10 minutes). And
+    the history check there: current and history commit each batch in turn, so it pins
+    both after the frontier both applied and leaves out the keys beyond it (without that,
+    a throwaway run found hundreds of differences)."""
+    with applying_in_a_thread(engine) as applied:
         before = workload.transactions
         verdict = verify_table(VerifyContext(lake.spark, lake.ledger, lake.source(key), lake.kafka), lake.table(key),
                                timeout_s=300, rounds=1)  # fmt: skip
         during = workload.transactions - before
-    finally:
-        stop.set()
-        applying.join(120)
+        histories = [_history_check(lake, key) for _ in range(2)]
+    for history in histories:  # history's check, pinned after the frontier both applied
+        rows = history.rows
+        assert rows is not None and rows.compared > 0, history.note
+        assert (rows.missing, rows.extra, rows.differing, rows.repeated) == (0, 0, 0, 0), rows.sample
+    assert any(history.in_flight_keys > 0 for history in histories)  # it compared while both moved
     assert verdict.ok, (verdict.note, verdict.sample)
     assert verdict.source_rows >= 20 and verdict.current_version >= 0
     assert during >= 10 and verdict.in_flight_keys > 0  # it compared while the table and current moved
@@ -481,51 +510,3 @@ def load_config_text(tmp_path: Path) -> Any:
         "kafka: {bootstrap_servers: '127.0.0.1:1'}\nlake: {root: lake}\ntables: [{name: s.public.t}]\n"
     )
     return load_config(path)
-
-
-def test_the_history_check_holds_while_the_apply_merges(env: CaptureEnv, spark: Any) -> None:
-    """History is merged beside current, each batch committed to each table in turn, and
-    the check reads them while the apply goes on: both are pinned after the ledger's
-    frontier and the keys changed beyond it are left out, so a running apply never shows
-    as a mismatch (the check on the demo's customers runs so every ten minutes)."""
-    from cdc_platform.lake.compare import compare_history
-    from cdc_platform.model.tables import TableSchema
-
-    env.configure_table("items", "history: true")
-    lake, key = Lake(env.config, spark), f"cap.{env.schema}.items"
-    comparisons: list[Any] = []
-    applied: list[Any] = []
-    with _engine(env, spark) as engine, env.running_capture():
-        workload = Workload(env, seconds=None, seed=5, pause_s=PAUSE_S)
-        workload.start()
-        workload.wait_for(20)
-        lake.snapshot(key, "g1")
-        workload.wait_for(20)
-        applied += engine.run_pass()
-        committed = lake.ledger.committed(key)
-        assert committed is not None
-        schema = TableSchema.from_json(committed.schema_json)
-        stop = threading.Event()
-
-        def keep_applying() -> None:
-            while not stop.is_set():
-                applied.extend(engine.run_pass())
-                time.sleep(0.2)
-
-        applying = threading.Thread(target=keep_applying, daemon=True)
-        applying.start()
-        try:
-            for _ in range(4):
-                comparisons.append(compare_history(spark, lake.ledger, lake.kafka, lake.table(key), schema))
-        finally:
-            stop.set()
-            applying.join(120)
-            workload.stop()
-    assert workload.error is None
-    for result in comparisons:
-        rows = result.rows
-        assert rows is not None, result.note
-        assert (rows.missing, rows.extra, rows.differing, rows.repeated) == (0, 0, 0, 0), rows.sample
-        assert rows.compared >= 10
-    assert sum(1 for a in applied if a.table == key and a.batch is not None) >= 3
-    assert any(result.in_flight_keys > 0 for result in comparisons)  # it compared while both moved

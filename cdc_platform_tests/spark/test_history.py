@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from cdc_platform.devtools.lake import Lake
+from cdc_platform.lake.compare import RowComparison, compare_history
 from cdc_platform.lake.history import HISTORY_META_COLUMNS, apply_history
+from cdc_platform.model.tables import TableSchema
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 
 pytestmark = pytest.mark.integration
@@ -54,6 +56,16 @@ def _versions(spark: Any, lake: Lake, key: str) -> dict[int, list[dict[str, Any]
     for row in sorted(rows, key=lambda r: (r["_cdc_commit_lsn"], r["_cdc_lsn"])):
         out.setdefault(row["id"], []).append(row.asDict())
     return out
+
+
+def _history_check(lake: Lake, table: str) -> RowComparison:
+    """The platform's history check (``open_versions_match_current``), as the current asset runs it."""
+    committed = lake.ledger.committed(table)
+    assert committed is not None
+    schema = TableSchema.from_json(committed.schema_json)
+    checked = compare_history(lake.spark, lake.ledger, lake.kafka, lake.table(table), schema)
+    assert checked.rows is not None, checked.note
+    return checked.rows
 
 
 def _assert_consistent(spark: Any, lake: Lake, table: str) -> None:
@@ -162,69 +174,40 @@ def test_history_versions_follow_every_change(env: CaptureEnv, spark: Any) -> No
     # truncate closes every open version; later rows open new ones
     with env.app() as app:
         app.execute("TRUNCATE items")
-        app.execute("INSERT INTO items VALUES (9, 'after', 0)")
+        app.execute("INSERT INTO items SELECT g, 'after', 0 FROM generate_series(9, 12) g")
     windows.materialize(env, lake, [items])
     after = lake.current(items)
-    assert after.history is not None and after.history.versions_opened == 1
-    assert [
+    assert after.history is not None and after.history.versions_opened == 4
+    assert sorted(
         r["id"] for r in spark.read.format("delta").load(lake.table(items).history_path).where("is_current").collect()
-    ] == [9]
+    ) == [9, 10, 11, 12]
     _assert_consistent(spark, lake, items)
+    _the_history_check_finds_a_history_that_does_not_match(env, lake, items)
 
 
-def test_the_history_check_finds_open_versions_that_do_not_match_current(env: CaptureEnv, spark: Any) -> None:
+def _the_history_check_finds_a_history_that_does_not_match(env: CaptureEnv, lake: Lake, key: str) -> None:
     """History is written beside current, by its own MERGE: a bug there (a version not
     opened, one not closed, a wrong value) left history wrong with every check green,
-    since the checks looked at current alone. The history check compares history's open
-    versions with current row by row, leaving out the keys changed beyond the frontier
-    both applied, so it holds while changes keep arriving."""
+    since the checks looked at current alone. The history check finds each, and leaves
+    out a key changed beyond the frontier both applied (in Kafka, not yet applied)."""
     from pyspark.sql import functions as F
 
-    from cdc_platform.lake.compare import compare_history
-    from cdc_platform.model.tables import TableSchema
-
-    env.configure_table("items", "changelog: {grace_s: 0}")
-    env.configure_table("items", "history: true")
-    lake = Lake(env.config, spark)
-    key = f"cap.{env.schema}.items"
+    clean = _history_check(lake, key)
+    assert (clean.compared, clean.missing, clean.extra, clean.differing, clean.repeated) == (4, 0, 0, 0, 0)
     with env.app() as app:
-        app.execute("INSERT INTO items SELECT g, 'b' || g, 0 FROM generate_series(1, 30) g")
+        app.execute("UPDATE items SET qty = 9 WHERE id = 9")
     env.run_until_caught_up()
-    windows = Windows()
-    lake.snapshot(key, "g1")
-    lake.current(key)
-    with env.app() as app:
-        app.execute("UPDATE items SET qty = 5 WHERE id <= 10")
-        app.execute("DELETE FROM items WHERE id = 30")
-    windows.materialize(env, lake, [key])
-    lake.current(key)
-    table = lake.table(key)
-    committed = lake.ledger.committed(key)
-    assert committed is not None
-    schema = TableSchema.from_json(committed.schema_json)
-
-    def compared() -> Any:
-        result = compare_history(spark, lake.ledger, lake.kafka, table, schema)
-        assert result.rows is not None, result.note
-        return result.rows
-
-    clean = compared()
-    assert (clean.compared, clean.missing, clean.extra, clean.differing, clean.repeated) == (29, 0, 0, 0, 0)
-    # a change beyond the frontier both applied (in Kafka, not applied) is left out, not a difference
-    with env.app() as app:
-        app.execute("UPDATE items SET qty = 9 WHERE id = 11")
-    env.run_until_caught_up()
-    assert compared().compared == 28
-
-    history = spark.read.format("delta").load(table.history_path)
+    assert _history_check(lake, key).compared == 3  # 9 is in flight
+    path = lake.table(key).history_path
+    history = lake.spark.read.format("delta").load(path)
     is_current = F.col("is_current")
     tampered = (
-        history.withColumn("qty", F.when(is_current & (F.col("id") == 2), F.lit(99)).otherwise(F.col("qty")))
-        .withColumn("is_current", F.when(F.col("id") == 3, F.lit(False)).otherwise(is_current))
-        .unionByName(history.where(is_current & (F.col("id") == 4)).withColumn("body", F.lit("twin")))
+        history.withColumn("qty", F.when(is_current & (F.col("id") == 10), F.lit(99)).otherwise(F.col("qty")))
+        .withColumn("is_current", F.when(F.col("id") == 11, F.lit(False)).otherwise(is_current))
+        .unionByName(history.where(is_current & (F.col("id") == 12)).withColumn("body", F.lit("twin")))
     )
-    tampered.localCheckpoint().write.format("delta").mode("overwrite").save(table.history_path)
-    broken = compared()
+    tampered.localCheckpoint().write.format("delta").mode("overwrite").save(path)
+    broken = _history_check(lake, key)
     assert (broken.differing, broken.extra, broken.repeated, broken.missing) == (1, 1, 1, 1), broken.sample
-    expected = {'differs {"id": 2}', 'extra {"id": 3}', 'repeated in the source {"id": 4}'}
+    expected = {'differs {"id": 10}', 'extra {"id": 11}', 'repeated in the source {"id": 12}'}
     assert set(broken.sample) == expected, broken.sample
