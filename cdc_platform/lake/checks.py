@@ -299,10 +299,14 @@ def _hard_deletes(
     schema = TableSchema.from_json(inputs.committed.schema_json)
     keys = schema.key
     types = {c.name: lake_type(c.pgtype, c.typmod, c.dims) for c in schema.columns if c.name in keys}
-    source_keys = read_jdbc(spark, source.key_read(table.config, keys), types)
-    report.deleted_in_source, report.sample = keys_only_in(inputs.current, source_keys, list(keys), "deleted in source")
-    report.repeated, repeated_sample = repeated_keys(source_keys, list(keys))
-    report.sample += repeated_sample
+    # one read of the source's keys for both questions (two would also be two states of it)
+    source_keys = read_jdbc(spark, source.key_read(table.config, keys), types).cache()
+    try:
+        report.deleted_in_source, deleted = keys_only_in(inputs.current, source_keys, list(keys), "deleted in source")
+        report.repeated, repeated = repeated_keys(source_keys, list(keys))
+    finally:
+        source_keys.unpersist()
+    report.sample = deleted + repeated
     report.compare_note = (
         "polled source: keys compared with the source; rows it hard-deleted stay in current until the next "
         "reconciliation generation (poll.reconcile_every, or cdc-platform rehydrate) drops them"
