@@ -148,7 +148,8 @@ def test_restart_resumes_from_the_stored_cursor_and_loses_nothing(
     commits = Counter[str]()
 
     def crash_on_second(self: PollingCapture, producer: Any, table: Any, cursor: Any) -> None:
-        commits["n"] += 1
+        if self.tables:  # before, the preflight clears the stopped mark: not a batch's cursor
+            commits["n"] += 1
         if commits["n"] == 2:
             raise RuntimeError("killed between the batch's ack and its cursor")
         original(self, producer, table, cursor)

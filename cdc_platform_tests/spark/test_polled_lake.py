@@ -18,6 +18,8 @@ import pytest
 from cdc_platform.devtools.lake import Lake
 from cdc_platform.devtools.stack import StackProfile
 from cdc_platform.lake.verify import VerifyContext, verify_table
+from cdc_platform.sources import open_source
+from cdc_platform.sources.mysql.poller import PollingCapture
 from cdc_platform_tests.cases.mysql_types import MYSQL_EDGE_CASES, MYSQL_TYPE_CASES, type_cases_ddl
 from cdc_platform_tests.integration.polling_env import PollingEnv, make_polling_env
 
@@ -410,6 +412,9 @@ def test_a_change_the_cursor_passed_over_fails_completeness(env: PollingEnv, spa
         running = threading.Thread(target=poller.run, daemon=True)
         running.start()
         try:
+            _wait_until_prepared(poller)  # a user's check may run as soon as the poller started
+            stored = open_source(env.config, env.source).stored_cursors()
+            assert not stored[key].stopped, "a started poller still looks exited to a waiting check"
             return lake.completeness(key)
         finally:
             poller.stop()
@@ -425,3 +430,10 @@ def test_a_change_the_cursor_passed_over_fails_completeness(env: PollingEnv, spa
     keys_only = lake.completeness(key)
     assert not keys_only.compared and keys_only.deleted_in_source == 1
     assert "the poller stopped (its cursors say so)" in keys_only.compare_note, keys_only.compare_note
+
+
+def _wait_until_prepared(poller: PollingCapture, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not poller.tables:
+        assert time.monotonic() < deadline, "the poller did not finish its preflight"
+        time.sleep(0.05)

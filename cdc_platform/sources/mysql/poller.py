@@ -128,11 +128,22 @@ class PollingCapture:
         stored = read_stored_cursors(self.kafka, endpoint.offsets_topic, endpoint.name)
         conn = endpoint.connect("poll")
         try:
-            self.tables = [self._prepare(conn, t, stored.get(t.key)) for t in endpoint.tables]
+            tables = [self._prepare(conn, t, stored.get(t.key)) for t in endpoint.tables]
         except pymysql.err.MySQLError as exc:
             raise endpoint.classify(exc) from None
         finally:
             conn.close()
+        self._record_running([t for t in tables if t.cursor.stopped])
+        self.tables = tables
+
+    def _record_running(self, tables: list[PolledTable]) -> None:
+        """Clear the stopped mark a previous poller left, before the first poll: a check
+        waiting for the next poll would otherwise take this running poller for an exited
+        one until a quiet table's next cursor, up to ``CAUGHT_UP_EVERY_NS`` later."""
+        producer = self.kafka.producer()
+        for table in tables:
+            self._commit_cursor(producer, table, table.cursor)
+            table.cursor.stopped = False
 
     def _prepare(self, conn: Any, table: TableConfig, stored: TableCursor | None) -> PolledTable:
         assert table.poll is not None  # the config requires it for jdbc sources
