@@ -123,6 +123,89 @@ def compare_history(
     return _compare_pinned(spark, kafka, table, schema, pinned, spans, max_in_flight_offsets, open_versions)
 
 
+@dataclass
+class VersionChain:
+    """History's versions of each key in the order of their start positions, each checked
+    against the next (``history_chain``). Every batch commits whole, so these hold at every
+    version of history, whatever is in flight."""
+
+    versions: int = 0
+    starting_twice: int = 0  # a version starting where another of its key starts: one event applied twice
+    overlapping: int = 0  # ending after the next version starts, or open with a version after it
+    without_end: int = 0  # closed without an end position or valid_to, or open with one
+    misdated: int = 0  # ending before it starts, or a valid_to that is not the next version's valid_from
+    sample: list[str] = field(default_factory=list)
+
+    @property
+    def faults(self) -> int:
+        return self.starting_twice + self.overlapping + self.without_end + self.misdated
+
+
+def history_chain(spark: SparkSession, table: LakeTable, keys: list[str]) -> VersionChain:
+    """Each key's versions, ordered by start position, must follow one another: one at a
+    time (none open before the last, none ending after the next begins, no two starting at
+    one position), each closed one with its end, and an update's version valid until the
+    next one is valid from. The open versions' comparison with current cannot see a closed
+    version gone wrong; this can. One pass over history with a window per key."""
+    from pyspark.sql import functions as F
+
+    faults = _chain_faults(spark.read.format("delta").load(table.history_path), keys).cache()
+    try:
+        totals = faults.agg(
+            F.count(F.lit(1)).alias("versions"), *[F.sum(F.col(f).cast("int")).alias(f) for f in CHAIN_FAULTS]
+        ).first()
+        assert totals is not None
+        found = [int(totals[f] or 0) for f in CHAIN_FAULTS]
+        chain = VersionChain(int(totals["versions"]), found[0], found[1], found[2], found[3])
+        for fault in CHAIN_FAULTS:
+            if totals[fault]:
+                chain.sample += key_samples(faults.where(F.col(fault)), keys, fault.replace("_", " "))
+        return chain
+    finally:
+        faults.unpersist()
+
+
+CHAIN_FAULTS = ("starting_twice", "overlapping", "without_end", "misdated")
+
+
+def _chain_faults(history: DataFrame, keys: list[str]) -> DataFrame:
+    """Each version's keys and one boolean column per fault of ``CHAIN_FAULTS``."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    def later(c1: Any, l1: Any, c2: Any, l2: Any) -> Any:  # position (c1, l1) after (c2, l2)
+        return (c1 > c2) | ((c1 == c2) & (l1 > l2))
+
+    in_key = Window.partitionBy(*[F.col(f"`{k}`") for k in keys]).orderBy("_cdc_commit_lsn", "_cdc_lsn")
+    positions = ("_cdc_commit_lsn", "_cdc_lsn", "_cdc_end_commit_lsn", "_cdc_end_lsn")
+    start_c, start_l, end_c, end_l = (F.col(c) for c in positions)
+    next_c, next_l, next_from = (F.col(f"__next_{c}") for c in ("c", "l", "from"))
+    is_open, valid_to = F.col("is_current"), F.col("valid_to")
+    ends = end_c.isNotNull() & end_l.isNotNull() & valid_to.isNotNull()
+    twice = (next_c == start_c) & (next_l == start_l)
+    faults = {
+        "starting_twice": twice,
+        "overlapping": next_c.isNotNull() & ~twice & (is_open | later(end_c, end_l, next_c, next_l)),
+        "without_end": F.when(is_open, end_c.isNotNull() | end_l.isNotNull() | valid_to.isNotNull()).otherwise(~ends),
+        "misdated": later(start_c, start_l, end_c, end_l)
+        | (valid_to < F.col("valid_from"))
+        | ((end_c == next_c) & (end_l == next_l) & (valid_to != next_from)),
+    }
+    return history.select(
+        *[F.col(f"`{k}`") for k in keys],
+        start_c,
+        start_l,
+        end_c,
+        end_l,
+        is_open,
+        "valid_from",
+        valid_to,
+        F.lead(start_c).over(in_key).alias("__next_c"),
+        F.lead(start_l).over(in_key).alias("__next_l"),
+        F.lead("valid_from").over(in_key).alias("__next_from"),
+    ).select(*[F.col(f"`{k}`") for k in keys], *[F.coalesce(f, F.lit(False)).alias(n) for n, f in faults.items()])
+
+
 def _compare_pinned(
     spark: SparkSession, kafka: KafkaClients, table: LakeTable, schema: TableSchema, pinned: PinnedCurrent,
     spans: list[tuple[int, int, int]], max_in_flight_offsets: int | None, side: DataFrame,

@@ -11,6 +11,7 @@ SCHEMA_CHECK = "schema_compatible"
 KEYS_CHECK = "keys"
 COMPLETENESS_CHECK = "completeness"
 HISTORY_CHECK = "open_versions_match_current"
+HISTORY_CHAIN_CHECK = "versions_follow_one_another"
 
 # run tags
 TAG_TABLE = "cdc/table"

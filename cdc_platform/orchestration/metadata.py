@@ -11,7 +11,7 @@ import dagster as dg
 
 from cdc_platform.lake.changelog import ChangelogDay, WindowResult
 from cdc_platform.lake.checks import CompletenessReport, KeysReport
-from cdc_platform.lake.compare import ExactComparison, RowComparison
+from cdc_platform.lake.compare import ExactComparison, RowComparison, VersionChain
 from cdc_platform.lake.current import CurrentResult
 from cdc_platform.lake.schema_registry import SchemaReport
 from cdc_platform.lake.snapshot import SnapshotResult
@@ -209,6 +209,28 @@ def history_mismatch(comparison: ExactComparison) -> str:
         (rows.extra, "current row(s) without an open version"),
         (rows.differing, "open version(s) that differ from current"),
         (rows.repeated, "key(s) with two open versions"),
+    ]
+    return ", ".join(f"{n} {what}" for n, what in parts if n)
+
+
+def chain_check_metadata(chain: VersionChain) -> Metadata:
+    return {
+        "versions_checked": dg.MetadataValue.int(chain.versions),
+        "versions_starting_twice": dg.MetadataValue.int(chain.starting_twice),
+        "versions_overlapping_the_next": dg.MetadataValue.int(chain.overlapping),
+        "versions_without_end": dg.MetadataValue.int(chain.without_end),
+        "versions_misdated": dg.MetadataValue.int(chain.misdated),
+        "sample_keys": dg.MetadataValue.json(chain.sample),
+    }
+
+
+def chain_faults(chain: VersionChain) -> str:
+    """The chain check's failure in words."""
+    parts = [
+        (chain.starting_twice, "version(s) starting where another of their key starts (an event applied twice)"),
+        (chain.overlapping, "version(s) open or not yet ended when the next version of their key begins"),
+        (chain.without_end, "closed version(s) without an end, or open one(s) with one"),
+        (chain.misdated, "version(s) ending before they start or not valid until the next one begins"),
     ]
     return ", ".join(f"{n} {what}" for n, what in parts if n)
 

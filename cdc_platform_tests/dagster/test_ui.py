@@ -84,4 +84,4 @@ def test_ui_shows_the_table_group_materialized_with_passed_checks(ui: tuple[str,
     for shown in ("shop_customers", "source", "snapshot", "changelog", "customers", "history", "Materialized"):
         assert shown in text, shown
     assert "3 / 3 Passed" in text  # schema_compatible, keys, completeness on current
-    assert "1 / 1 Passed" in text  # open_versions_match_current on history
+    assert "2 / 2 Passed" in text  # open_versions_match_current and versions_follow_one_another on history

@@ -29,6 +29,7 @@ from cdc_platform.devtools.lake import Lake
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.apply import StreamApply, load_state
 from cdc_platform.lake.changelog import seal_day
+from cdc_platform.lake.compare import history_chain
 from cdc_platform.lake.crash_points import APPLY_POINTS
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.schema_registry import schema_refresh
@@ -215,11 +216,13 @@ def _verify_while_it_streams(lake: Lake, key: str, engine: StreamApply, workload
                                timeout_s=300, rounds=1)  # fmt: skip
         during = workload.transactions - before
         histories = [_history_check(lake, key) for _ in range(2)]
+        chains = [history_chain(lake.spark, lake.table(key), ["id"]) for _ in range(2)]
     for history in histories:  # history's check, pinned after the frontier both applied
         rows = history.rows
         assert rows is not None and rows.compared > 0, history.note
         assert (rows.missing, rows.extra, rows.differing, rows.repeated) == (0, 0, 0, 0), rows.sample
     assert any(history.in_flight_keys > 0 for history in histories)  # it compared while both moved
+    assert all(chain.versions > 0 and chain.faults == 0 for chain in chains), chains  # each batch commits whole
     assert verdict.ok, (verdict.note, verdict.sample)
     assert verdict.source_rows >= 20 and verdict.current_version >= 0
     assert during >= 10 and verdict.in_flight_keys > 0  # it compared while the table and current moved

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cdc_platform.devtools.lake import Lake
-from cdc_platform.lake.compare import RowComparison, compare_history
+from cdc_platform.lake.compare import RowComparison, compare_history, history_chain
 from cdc_platform.lake.history import HISTORY_META_COLUMNS, apply_history
 from cdc_platform.model.tables import TableSchema
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
@@ -74,6 +74,8 @@ def _assert_consistent(spark: Any, lake: Lake, table: str) -> None:
     current = lake.read_current(table)
     open_rows = history.where("is_current").drop(*HISTORY_META_COLUMNS)
     assert (open_rows.exceptAll(current).count(), current.exceptAll(open_rows).count()) == (0, 0)
+    chain = history_chain(spark, lake.table(table), ["id"])  # the product's check of what follows
+    assert chain.versions > 0 and chain.faults == 0, chain
     for key, versions in _versions(spark, lake, table).items():
         assert sum(v["is_current"] for v in versions) <= 1, key
         for older, newer in itertools.pairwise(versions):
@@ -200,14 +202,26 @@ def _the_history_check_finds_a_history_that_does_not_match(env: CaptureEnv, lake
     assert _history_check(lake, key).compared == 3  # 9 is in flight
     path = lake.table(key).history_path
     history = lake.spark.read.format("delta").load(path)
-    is_current = F.col("is_current")
+    is_current, first_of_1 = F.col("is_current"), (F.col("id") == 1) & (F.col("body") == "b1")
+    second_of_1 = (F.col("id") == 1) & (F.col("body") == "a2") & (F.col("qty") == 0)
     tampered = (
         history.withColumn("qty", F.when(is_current & (F.col("id") == 10), F.lit(99)).otherwise(F.col("qty")))
         .withColumn("is_current", F.when(F.col("id") == 11, F.lit(False)).otherwise(is_current))
         .unionByName(history.where(is_current & (F.col("id") == 12)).withColumn("body", F.lit("twin")))
-    )
+        # closed versions the open ones' comparison cannot see: one ending after the next begins,
+        # one valid until an hour before the next is valid from
+        .withColumn("_cdc_end_lsn", F.col("_cdc_end_lsn") + F.when(first_of_1, 10**9).otherwise(0))
+        .withColumn("valid_to", F.when(second_of_1, F.col("valid_to") - F.expr("INTERVAL 1 HOUR")).otherwise(
+            F.col("valid_to")))
+    )  # fmt: skip
     tampered.localCheckpoint().write.format("delta").mode("overwrite").save(path)
     broken = _history_check(lake, key)
     assert (broken.differing, broken.extra, broken.repeated, broken.missing) == (1, 1, 1, 1), broken.sample
     expected = {'differs {"id": 10}', 'extra {"id": 11}', 'repeated in the source {"id": 12}'}
     assert set(broken.sample) == expected, broken.sample
+    chain = history_chain(lake.spark, lake.table(key), ["id"])
+    found = (chain.starting_twice, chain.overlapping, chain.without_end, chain.misdated)
+    assert found == (1, 1, 1, 1) and chain.versions == lake.spark.read.format("delta").load(path).count(), chain
+    assert set(chain.sample) == {
+        'starting twice {"id": 12}', 'overlapping {"id": 1}', 'without end {"id": 11}', 'misdated {"id": 1}'
+    }, chain.sample  # fmt: skip

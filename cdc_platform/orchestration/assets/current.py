@@ -14,7 +14,7 @@ from cdc_platform.lake.checks import (
     pandera_errors,
     recent_changelog,
 )
-from cdc_platform.lake.compare import compare_history
+from cdc_platform.lake.compare import compare_history, history_chain
 from cdc_platform.lake.current import (
     POSITION_COLUMNS,
     CurrentResult,
@@ -30,6 +30,7 @@ from cdc_platform.model.tables import TableSchema
 from cdc_platform.orchestration.failures import RETRY_POLICY, as_failure, failures_mapped
 from cdc_platform.orchestration.keys import (
     COMPLETENESS_CHECK,
+    HISTORY_CHAIN_CHECK,
     HISTORY_CHECK,
     KEYS_CHECK,
     SCHEMA_CHECK,
@@ -40,6 +41,8 @@ from cdc_platform.orchestration.keys import (
     snapshot_asset_key,
 )
 from cdc_platform.orchestration.metadata import (
+    chain_check_metadata,
+    chain_faults,
     completeness_check_metadata,
     current_metadata,
     history_check_metadata,
@@ -144,7 +147,17 @@ def check_specs(table: TableConfig) -> list[dg.AssetCheckSpec]:
                         "row by row, and no other key has one; keys with changes beyond the frontier both applied "
                         "are left out."
                     ),
-                )
+                ),
+                dg.AssetCheckSpec(
+                    HISTORY_CHAIN_CHECK,
+                    asset=history_asset_key(table),
+                    description=(
+                        "Each key's versions follow one another in the order of their source positions: none open "
+                        "before the last, none ending after the next begins, no two starting at one position (an "
+                        "event applied twice), each closed one with its end, and an update's version valid until "
+                        "the next one is valid from."
+                    ),
+                ),
             ]
             if table.history
             else []
@@ -252,6 +265,7 @@ class CurrentStep:
         )
         if self.table.config.history:
             yield self.history_check(table_schema)
+            yield self.history_chain_check(table_schema)
 
     def history_check(self, schema: TableSchema) -> dg.AssetCheckResult:
         """History's open versions against current (``lake.compare.compare_history``)."""
@@ -270,6 +284,27 @@ class CurrentStep:
             HISTORY_CHECK,
             passed,
             history_check_metadata(comparison),
+            description,
+            asset=history_asset_key(self.table.config),
+        )
+
+    def history_chain_check(self, schema: TableSchema) -> dg.AssetCheckResult:
+        """History's versions against each other (``lake.compare.history_chain``)."""
+        chain = history_chain(self.spark, self.table, list(schema.key))
+        description = None
+        if chain.faults:
+            description = (
+                f"history's versions do not follow one another ({chain_faults(chain)}; see sample_keys): history "
+                "was written wrong or changed by hand. A generation never rewrites closed versions: find the commit "
+                f"that did it in the Delta history of {self.table.history_path} and restore the table to the "
+                f"version before it (RESTORE TABLE delta.`<path>` TO VERSION AS OF <n>), then cdc-platform rehydrate "
+                f"{self.table.key}: the new generation corrects the open versions; the changes between the two stay "
+                "in the changelog, not in history"
+            )
+        return self._check(
+            HISTORY_CHAIN_CHECK,
+            not chain.faults,
+            chain_check_metadata(chain),
             description,
             asset=history_asset_key(self.table.config),
         )
