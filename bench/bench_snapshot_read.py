@@ -1,4 +1,4 @@
-"""Two ways for Spark's tasks to fetch a generation's chunks, against ``COPY … TO STDOUT``.
+"""Three ways for Spark's tasks to fetch a generation's chunks, against ``COPY … TO STDOUT``.
 
 Issue 17 asks for a faster read than Spark JDBC if JDBC cannot reach half of COPY's rate:
 ``COPY … (FORMAT binary)`` into Arrow inside the Spark tasks, or an ADBC driver. This
@@ -10,6 +10,10 @@ key-range chunks, the same column expressions):
   through ADBC's PostgreSQL driver (libpq, ``COPY (…) TO STDOUT (FORMAT binary)`` decoded
   into Arrow in C++) and hand Spark Arrow batches, converted to lake types by the same
   Spark expressions;
+* ``adbc+pyarrow`` (Delta only): the tasks fetch each chunk by ADBC as above and write it
+  as Parquet with pyarrow, so no row crosses into the JVM; delta-rs commits the files.
+  numeric is read as text (ADBC's own numeric decoding is its costliest column), the
+  other conversions are the bench table's, done in Arrow;
 
 each written to ``noop`` (the read alone) and to Delta (as a generation writes it), with
 the CPU seconds each kind of process spent (from ``/proc``: PostgreSQL's backends, the
@@ -26,6 +30,7 @@ Run: make bench   (or .venv/bin/python bench/bench_snapshot_read.py [--rows 1000
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -116,6 +121,50 @@ def adbc_frame(spark: SparkSession, read: JdbcRead, types: dict[str, Any]) -> Da
     return as_lake_columns(frame, read, types)
 
 
+def write_parquet_in_tasks(
+    spark: SparkSession, read: JdbcRead, types: dict[str, Any]
+) -> tuple[float, dict[str, float]]:
+    """The third path: each Spark task fetches its chunks with ADBC and writes them as
+    Parquet with pyarrow, so no row crosses into the JVM (the task returns the file's
+    name); delta-rs then commits the files as a Delta table. Seconds and CPU by kind."""
+    import deltalake
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructField
+
+    names = [quote_ident(c.source or c.name) for c in read.columns]
+    select = ", ".join(
+        f"{name}::text" if c.name == "amount" else name for c, name in zip(read.columns, names, strict=True)
+    )
+    assert [c.source or c.name for c in read.columns] == ["id", "amount", "label", "at", "doc"]
+    target = to_arrow_schema(StructType([StructField(c.name, types[c.name]) for c in read.columns]), timezone="UTC")
+    out = tempfile.mkdtemp(prefix="bench_read_parquet_")
+    chunks = [(f"SELECT {select} FROM {read.source_sql} WHERE {p}", f"{out}/part-{i:05d}.parquet")
+              for i, p in enumerate(read.predicates)]  # fmt: skip
+
+    def write_chunks(batches: Iterator[Any]) -> Iterator[Any]:
+        import adbc_driver_postgresql.dbapi as adbc
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        with adbc.connect(os.environ[CONNINFO_ENV], autocommit=True) as conn:
+            for batch in batches:
+                for sql, path in zip(batch.column("sql").to_pylist(), batch.column("path").to_pylist(), strict=True):
+                    with conn.cursor() as cursor:
+                        cursor.execute(sql)
+                        fetched = cursor.fetch_arrow_table()
+                    columns = [column.cast(field.type) for column, field in zip(fetched.columns, target, strict=True)]
+                    pq.write_table(pa.table(columns, schema=target), path, write_statistics=["id"])
+                    yield pa.RecordBatch.from_pydict({"path": [path], "rows": [fetched.num_rows]})
+
+    frame = spark.createDataFrame(chunks, "sql string, path string").repartition(len(chunks))
+    before, started = cpu_by_process(), time.perf_counter()
+    written = frame.mapInArrow(write_chunks, "path string, rows long").collect()
+    deltalake.convert_to_deltalake(out)
+    elapsed, after = time.perf_counter() - started, cpu_by_process()
+    assert sum(int(r["rows"]) for r in written) == spark.read.format("delta").load(out).count()
+    return elapsed, {kind: round(after[kind] - before[kind], 1) for kind in ("postgres", "java", "python")}
+
+
 def cpu_by_process() -> Counter[str]:
     """CPU seconds so far of every process by kind, reaped children included (PostgreSQL's
     backends end with their connection and are counted in the postmaster's children)."""
@@ -177,17 +226,20 @@ Runs = dict[str, list[tuple[float, dict[str, float]]]]
 
 
 def measure(
-    config: PlatformConfig, frames: dict[str, Callable[[], DataFrame]], key: Sequence[str], repeat: int
-) -> tuple[float, Runs]:
+    config: PlatformConfig, frames: dict[str, Callable[[], DataFrame]], key: Sequence[str], repeat: int,
+    in_tasks: Callable[[], tuple[float, dict[str, float]]],
+) -> tuple[float, Runs]:  # fmt: skip
     """The COPY floor (best of two, one before and one after) and each path's runs."""
     for frame in frames.values():  # warm: the JVM's and the workers' code paths
         frame().limit(1).collect()
+    in_tasks()
     copy_s = bench_lake.copy_floor(config)[1]
     results: Runs = {}
     for _ in range(repeat):
         for target in ("noop", "delta"):
             for name, frame in frames.items():
                 results.setdefault(f"{name} to {target}", []).append(timed_write(frame(), target, key))
+        results.setdefault("adbc+pyarrow to delta", []).append(in_tasks())
     return min(copy_s, bench_lake.copy_floor(config)[1]), results
 
 
@@ -213,7 +265,8 @@ def main() -> None:
                 "jdbc": lambda: read_jdbc(spark, plan.read, types),
                 "adbc": lambda: adbc_frame(spark, plan.read, types),
             }
-            copy_s, results = measure(config, frames, plan.schema.key, args.repeat)
+            in_tasks = functools.partial(write_parquet_in_tasks, spark, plan.read, types)
+            copy_s, results = measure(config, frames, plan.schema.key, args.repeat, in_tasks)
             clients = client_reads(plan.read)
             chunks = len(plan.read.predicates)
     finally:
@@ -228,7 +281,7 @@ def report(rows: int, chunks: int, copy_s: float, results: Runs, clients: dict[s
         for seconds, cpu in runs:
             spent = ", ".join(f"{kind} {value:.1f}" for kind, value in cpu.items())
             ratio = f"ratio floor/{path.split()[0]} = {copy_s / seconds:.3f}"
-            print(f"  {path:15s} {seconds:7.2f} s   {ratio}   CPU-s: {spent}")
+            print(f"  {path:21s} {seconds:7.2f} s   {ratio}   CPU-s: {spent}")
     for path, (seconds, cpu_s) in clients.items():
         print(f"  {path:28s} {seconds:7.2f} s   this process's CPU {cpu_s:.2f} s")
 
