@@ -16,7 +16,8 @@ created it (``_cdc_commit_lsn``, ``_cdc_lsn``) and, once closed, the one that cl
 * **New generation.** History is never thrown away. Current is rebuilt and replays the
   changes from the watermark offsets (history drops those it already has); then current
   and the open versions are compared: changed or new rows open a version (``_cdc_op =
-  'r'``), open keys current lacks are closed. A correction is positioned just after the
+  'r'``), as does a key with two open versions (its correction closes both), open keys
+  current lacks are closed. A correction is positioned just after the
   key's newest known position (so the key's next streamed change follows it), a key new
   to history below every streamed change; it is valid from the watermark time or, if
   later, the key's last known time.
@@ -77,15 +78,18 @@ def ensure_history_table(
 def snapshot_events(
     spark: SparkSession, path: str, rows: DataFrame, keys: list[str], watermark_lsn: int, taken_at: str
 ) -> DataFrame:
-    """Corrections that make history's open versions equal ``rows``: changed/new rows as
-    ``r``, vanished open keys as ``d``, each just after its key's newest known position
-    (``(0, watermark LSN)`` for a key new to history)."""
+    """Corrections that make history's open versions equal ``rows``: changed/new rows (and
+    rows whose key has two open versions) as ``r``, vanished open keys as ``d``, each just
+    after its key's newest known position (``(0, watermark LSN)`` for a key new to history)."""
     from pyspark.sql import functions as F
 
     columns = rows.columns
     history = spark.read.format("delta").load(path)
     open_rows = history.where("is_current").select(*columns)
-    changed = rows.exceptAll(open_rows)
+    # a key with two open versions is corrected even if one equals its row: its 'r' closes both
+    twice = open_rows.groupBy(*[F.col(f"`{k}`") for k in keys]).count().where(F.col("count") > 1).drop("count")
+    to_correct = rows.exceptAll(open_rows).select(*[F.col(f"`{k}`") for k in keys]).unionByName(twice).distinct()
+    changed = rows.join(to_correct, on=keys, how="left_semi")
     present = rows.select(*keys).alias("s")
     vanished = (
         open_rows.alias("o")
