@@ -204,12 +204,16 @@ def history_check_metadata(comparison: ExactComparison) -> Metadata:
 def history_mismatch(comparison: ExactComparison) -> str:
     """The history check's failure in words (history is the comparison's "source" side)."""
     rows = comparison.rows or RowComparison()
-    parts = [
+    return counted_in_words(
         (rows.missing, "open version(s) of keys current does not hold"),
         (rows.extra, "current row(s) without an open version"),
         (rows.differing, "open version(s) that differ from current"),
         (rows.repeated, "key(s) with two open versions"),
-    ]
+    )
+
+
+def counted_in_words(*parts: tuple[int, str]) -> str:
+    """'3 rows that …, 1 key …': the parts that counted anything."""
     return ", ".join(f"{n} {what}" for n, what in parts if n)
 
 
@@ -226,13 +230,12 @@ def chain_check_metadata(chain: VersionChain) -> Metadata:
 
 def chain_faults(chain: VersionChain) -> str:
     """The chain check's failure in words."""
-    parts = [
+    return counted_in_words(
         (chain.starting_twice, "version(s) starting where another of their key starts (an event applied twice)"),
         (chain.overlapping, "version(s) open or not yet ended when the next version of their key begins"),
         (chain.without_end, "closed version(s) without an end, or open one(s) with one"),
         (chain.misdated, "version(s) ending before they start or not valid until the next one begins"),
-    ]
-    return ", ".join(f"{n} {what}" for n, what in parts if n)
+    )
 
 
 def schema_check_metadata(report: SchemaReport) -> Metadata:

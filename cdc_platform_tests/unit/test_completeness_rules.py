@@ -62,3 +62,20 @@ def test_the_ledger_keeps_the_newest_feed_reading_per_table(tmp_path: Path) -> N
     ledger.record_feed("s.t", _seen(15, {0: 5, 1: 4}, minutes=1))
     ledger.record_feed("other.t", _seen(99, {0: 1}, minutes=2))
     assert ledger.last_feed("s.t") == _seen(15, {0: 5, 1: 4}, minutes=1)
+
+
+def test_the_history_checks_name_each_fault_they_counted_and_only_those() -> None:
+    from cdc_platform.lake.compare import ExactComparison, RowComparison, VersionChain
+    from cdc_platform.orchestration.metadata import chain_check_metadata, chain_faults, history_mismatch
+
+    chain = VersionChain(versions=10, starting_twice=1, without_end=2, sample=['starting twice {"id": 12}'])
+    assert chain.faults == 3
+    assert chain_faults(chain) == (
+        "1 version(s) starting where another of their key starts (an event applied twice), "
+        "2 closed version(s) without an end, or open one(s) with one"
+    )
+    metadata = chain_check_metadata(chain)
+    assert (metadata["versions_checked"].value, metadata["versions_without_end"].value) == (10, 2)
+    assert VersionChain(versions=10).faults == 0 and chain_faults(VersionChain(versions=10)) == ""
+    mismatch = ExactComparison(rows=RowComparison(compared=4, differing=1, repeated=1))
+    assert history_mismatch(mismatch) == "1 open version(s) that differ from current, 1 key(s) with two open versions"
