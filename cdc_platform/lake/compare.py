@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.current import POSITION_COLUMNS
+from cdc_platform.lake.history import position_after
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.snapshot import scratch_copy
 from cdc_platform.lake.tables import LakeTable
@@ -149,20 +150,18 @@ def history_chain(spark: SparkSession, table: LakeTable, keys: list[str]) -> Ver
     version gone wrong; this can. One pass over history with a window per key."""
     from pyspark.sql import functions as F
 
-    faults = _chain_faults(spark.read.format("delta").load(table.history_path), keys).cache()
-    try:
-        totals = faults.agg(
-            F.count(F.lit(1)).alias("versions"), *[F.sum(F.col(f).cast("int")).alias(f) for f in CHAIN_FAULTS]
-        ).first()
-        assert totals is not None
-        found = [int(totals[f] or 0) for f in CHAIN_FAULTS]
-        chain = VersionChain(int(totals["versions"]), found[0], found[1], found[2], found[3])
-        for fault in CHAIN_FAULTS:
-            if totals[fault]:
-                chain.sample += key_samples(faults.where(F.col(fault)), keys, fault.replace("_", " "))
-        return chain
-    finally:
-        faults.unpersist()
+    # not cached: a clean history (the usual case) is read once; samples read it again only on a fault
+    faults = _chain_faults(spark.read.format("delta").load(table.history_path), keys)
+    totals = faults.agg(
+        F.count(F.lit(1)).alias("versions"), *[F.sum(F.col(f).cast("int")).alias(f) for f in CHAIN_FAULTS]
+    ).first()
+    assert totals is not None
+    found = [int(totals[f] or 0) for f in CHAIN_FAULTS]
+    chain = VersionChain(int(totals["versions"]), found[0], found[1], found[2], found[3])
+    for fault in CHAIN_FAULTS:
+        if totals[fault]:
+            chain.sample += key_samples(faults.where(F.col(fault)), keys, fault.replace("_", " "))
+    return chain
 
 
 CHAIN_FAULTS = ("starting_twice", "overlapping", "without_end", "misdated")
@@ -173,9 +172,6 @@ def _chain_faults(history: DataFrame, keys: list[str]) -> DataFrame:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    def later(c1: Any, l1: Any, c2: Any, l2: Any) -> Any:  # position (c1, l1) after (c2, l2)
-        return (c1 > c2) | ((c1 == c2) & (l1 > l2))
-
     in_key = Window.partitionBy(*[F.col(f"`{k}`") for k in keys]).orderBy("_cdc_commit_lsn", "_cdc_lsn")
     positions = ("_cdc_commit_lsn", "_cdc_lsn", "_cdc_end_commit_lsn", "_cdc_end_lsn")
     start_c, start_l, end_c, end_l = (F.col(c) for c in positions)
@@ -185,9 +181,9 @@ def _chain_faults(history: DataFrame, keys: list[str]) -> DataFrame:
     twice = (next_c == start_c) & (next_l == start_l)
     faults = {
         "starting_twice": twice,
-        "overlapping": next_c.isNotNull() & ~twice & (is_open | later(end_c, end_l, next_c, next_l)),
+        "overlapping": next_c.isNotNull() & ~twice & (is_open | position_after(end_c, end_l, next_c, next_l)),
         "without_end": F.when(is_open, end_c.isNotNull() | end_l.isNotNull() | valid_to.isNotNull()).otherwise(~ends),
-        "misdated": later(start_c, start_l, end_c, end_l)
+        "misdated": position_after(start_c, start_l, end_c, end_l)
         | (valid_to < F.col("valid_from"))
         | ((end_c == next_c) & (end_l == next_l) & (valid_to != next_from)),
     }

@@ -169,7 +169,12 @@ def _after(position: tuple[int, int]) -> Column:
     from pyspark.sql import functions as F
 
     commit, lsn = position
-    return (F.col("commit_lsn") > commit) | ((F.col("commit_lsn") == commit) & (F.col("lsn") > lsn))
+    return position_after(F.col("commit_lsn"), F.col("lsn"), F.lit(commit), F.lit(lsn))
+
+
+def position_after(commit: Column, lsn: Column, other_commit: Column, other_lsn: Column) -> Column:
+    """Source position (commit, lsn) after (other_commit, other_lsn): commit LSN first."""
+    return (commit > other_commit) | ((commit == other_commit) & (lsn > other_lsn))
 
 
 def _close_all_before(spark: SparkSession, path: str, commit: int, lsn: int, ts: object) -> int:
@@ -177,9 +182,7 @@ def _close_all_before(spark: SparkSession, path: str, commit: int, lsn: int, ts:
     from pyspark.sql import functions as F
 
     target = DeltaTable.forPath(spark, path)
-    older = F.col("is_current") & (
-        (F.col("_cdc_commit_lsn") < commit) | ((F.col("_cdc_commit_lsn") == commit) & (F.col("_cdc_lsn") < lsn))
-    )
+    older = F.col("is_current") & position_after(F.lit(commit), F.lit(lsn), F.col("_cdc_commit_lsn"), F.col("_cdc_lsn"))
     count = target.toDF().where(older).count()
     target.update(
         older,
