@@ -457,6 +457,8 @@ class StreamApply:
         state.sealed_day = last.day
         if not seal.contiguous:  # fixed offsets cannot overlap or skip; a hole here is a bug to report
             log.error("%s: changelog day %s sealed with holes: %s", table.key, last.day, "; ".join(seal.holes))
+        if seal.records_twice:  # appends are idempotent (txnAppId); a record twice is a bug to report
+            log.error("%s: changelog day %s sealed with %d record(s) twice", table.key, last.day, seal.records_twice)
         return seal
 
     def _finish(self, applied: TableApplied, started: float) -> TableApplied:
@@ -544,6 +546,7 @@ def describe(applied: TableApplied) -> str:
         parts.append(
             f"changelog day {seal.day} sealed: {seal.batches} batches, {sum(seal.events.values())} events, "
             + ("contiguous" if seal.contiguous else f"HOLES {'; '.join(seal.holes)}")
+            + (f", {seal.records_twice} RECORD(S) TWICE" if seal.records_twice else "")
         )
     if applied.current is not None:
         current = applied.current

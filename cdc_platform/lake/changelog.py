@@ -474,10 +474,16 @@ class ChangelogDay:
     dead_letters: int = 0
     sealed: bool = False
     holes: tuple[str, ...] = ()  # offsets inside a sealed day that no batch covers (must be none)
+    records_twice: int = 0  # Kafka records (partition, offset) in a sealed day more than once (must be none)
 
     @property
     def contiguous(self) -> bool:
         return not self.holes
+
+    @property
+    def clean(self) -> bool:
+        """Every offset of the day's ranges in it once: none missing, none twice."""
+        return not self.holes and not self.records_twice
 
     def plus(self, batch: WindowResult) -> ChangelogDay:
         """The day with one more batch of it (``batch.window_start`` is the batch's key)."""
@@ -510,20 +516,33 @@ def seal_day(spark: SparkSession, ledger: Ledger, table: LakeTable, day: str) ->
         starts[span.partition] = min(starts.get(span.partition, span.start), span.start)
     coverage = walk(starts, spans)
     ranges = {p: (s, coverage.frontier[p]) for p, s in sorted(starts.items())}
-    in_day = F.col("window_start") == day
-    events = {
-        r["op"]: int(r["n"])
-        for r in spark.read.format("delta").load(table.changelog_path).where(in_day)
-        .groupBy(F.coalesce("op", F.lit("tombstone")).alias("op")).agg(F.count(F.lit(1)).alias("n")).collect()
-    }  # fmt: skip
+    events, records_twice = _events_of_day(spark, table, day)
     dead = 0
     if DeltaTable.isDeltaTable(spark, table.dead_letters_path):
-        dead = spark.read.format("delta").load(table.dead_letters_path).where(in_day).count()
+        dead = spark.read.format("delta").load(table.dead_letters_path).where(F.col("window_start") == day).count()
     restarts = [g.watermark.kafka_end_offsets for g in ledger.generations(table.key).values()
                 if g.status is GenerationStatus.COMMITTED and g.watermark is not None]  # fmt: skip
     holes = tuple(h.describe() for h in holes_not_restarted(coverage.holes, restarts))
     compact_day(spark, table, day)
-    return ChangelogDay(table.key, day, len(keys), ranges, events, dead, sealed=True, holes=holes)
+    return ChangelogDay(table.key, day, len(keys), ranges, events, dead, True, holes, records_twice)
+
+
+def _events_of_day(spark: SparkSession, table: LakeTable, day: str) -> tuple[dict[str, int], int]:
+    """A day's events by op (plus "tombstone"), and how many of its Kafka records it holds
+    more than once (an append that was not idempotent): one aggregation, by record."""
+    from pyspark.sql import functions as F
+
+    records = (
+        spark.read.format("delta").load(table.changelog_path).where(F.col("window_start") == day)
+        .groupBy("kafka_partition", "kafka_offset")
+        .agg(F.count(F.lit(1)).alias("copies"), F.first(F.coalesce("op", F.lit("tombstone"))).alias("op"))
+    )  # fmt: skip
+    by_op = (
+        records.groupBy("op")
+        .agg(F.sum("copies").alias("n"), F.sum((F.col("copies") > 1).cast("int")).alias("twice"))
+        .collect()
+    )
+    return {r["op"]: int(r["n"]) for r in by_op}, sum(int(r["twice"]) for r in by_op)
 
 
 def compact_day(spark: SparkSession, table: LakeTable, day: str) -> tuple[int, int]:

@@ -3,8 +3,10 @@
 Each returns a report (numbers, samples of offending keys or columns, a verdict); the
 Dagster edge turns it into an ``AssetCheckResult``.
 
-* **keys** — current: no key column null, no key twice. Changelog (recent windows):
-  every Kafka key holds exactly the key columns, and one row always has the same key text.
+* **keys** — current: no key column null, no key twice. Changelog (its most recent
+  records, ``RECENT_RECORDS`` per Kafka partition, windowed or streamed): every Kafka key
+  holds exactly the key columns, one row always has the same key text, and each record
+  (partition, offset), the changelog's own key, is in it once.
 * **schema** — ``lake/schema_registry.py``; pandera schemas generated from the table's
   schema validate current (types, nullability, key columns).
 * **completeness** — recorded changelog ranges cover every offset from the generation's
@@ -36,12 +38,15 @@ from cdc_platform.model.coverage import walk
 from cdc_platform.model.feeds import FeedObservation, feed_verdict
 from cdc_platform.model.generations import Generation
 from cdc_platform.model.tables import TableSchema
+from cdc_platform.model.windows import changelog_partition
 from cdc_platform.sources.base import Source
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-RECENT_WINDOWS = 3
+# per Kafka partition, the changelog's last records the keys check reads: bounded whatever the
+# table's rate, and a batch or window's worth however small its batches
+RECENT_RECORDS = 20_000
 CAPTURE_WAIT_S = 15.0
 
 
@@ -57,11 +62,18 @@ class KeysReport:
     kafka_events_checked: int = 0
     kafka_key_mismatches: int = 0  # keys whose fields are not exactly the key columns
     kafka_unstable_rows: int = 0  # rows seen with more than one key text
+    changelog_records_twice: int = 0  # Kafka records (partition, offset) in the changelog more than once
     kafka_sample: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return not (self.null_keys or self.duplicate_keys or self.kafka_key_mismatches or self.kafka_unstable_rows)
+        return not (
+            self.null_keys
+            or self.duplicate_keys
+            or self.kafka_key_mismatches
+            or self.kafka_unstable_rows
+            or self.changelog_records_twice
+        )
 
 
 def check_keys(current: DataFrame, changelog: DataFrame | None, keys: list[str]) -> KeysReport:
@@ -102,19 +114,43 @@ def _check_kafka_keys(changelog: DataFrame, keys: list[str], report: KeysReport)
     report.kafka_events_checked = int(summary["n"])
     report.kafka_key_mismatches = int(summary["wrong"] or 0)
     report.kafka_unstable_rows = unstable.count()
-    report.kafka_sample = [r["key_json"] for r in keyed.where("wrong_fields").limit(SAMPLE).collect()] + [
-        " vs ".join(r["seen"]) for r in unstable.limit(SAMPLE).collect()
-    ]
+    twice = changelog.groupBy("kafka_partition", "kafka_offset").count().where("count > 1")
+    report.changelog_records_twice = twice.count()
+    report.kafka_sample = (
+        [r["key_json"] for r in keyed.where("wrong_fields").limit(SAMPLE).collect()]
+        + [" vs ".join(r["seen"]) for r in unstable.limit(SAMPLE).collect()]
+        + [
+            f"partition {r['kafka_partition']} offset {r['kafka_offset']} {r['count']} times in the changelog"
+            for r in twice.limit(SAMPLE).collect()
+        ]
+    )
 
 
 def recent_changelog(spark: SparkSession, ledger: Ledger, table: LakeTable) -> DataFrame | None:
+    """The changelog's last ``RECENT_RECORDS`` records of each Kafka partition the ledger
+    recorded, by offset: the same for windowed and streamed changelogs. (It used to take
+    the last three window keys, and a streamed changelog's partitions are days, not its
+    batch keys: the keys check read nothing there and passed.)"""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     if not DeltaTable.isDeltaTable(spark, table.changelog_path):
         return None
-    windows = sorted(ledger.windows(table.key))[-RECENT_WINDOWS:]
-    return spark.read.format("delta").load(table.changelog_path).where(F.col("window_start").isin(windows))
+    recorded = ledger.windows(table.key)
+    ends: dict[int, int] = {}
+    for ranges in recorded.values():
+        for r in ranges:
+            ends[r.partition] = max(ends.get(r.partition, r.end), r.end)
+    since = {p: end - RECENT_RECORDS for p, end in ends.items()}
+    days = sorted({
+        changelog_partition(key) for key, ranges in recorded.items()
+        if any(r.end > max(r.start, since[r.partition]) for r in ranges)
+    })  # fmt: skip
+    in_span = F.lit(False)
+    for partition, first in since.items():
+        in_span = in_span | ((F.col("kafka_partition") == partition) & (F.col("kafka_offset") >= first))
+    changelog = spark.read.format("delta").load(table.changelog_path)
+    return changelog.where(F.col("window_start").isin(days) & in_span)
 
 
 # ---------------------------------------------------------------- schema (pandera)

@@ -187,7 +187,7 @@ def _close_all_before(spark: SparkSession, path: str, commit: int, lsn: int, ts:
     target.update(
         older,
         {
-            "valid_to": F.lit(ts).cast("timestamp"),
+            "valid_to": F.greatest(F.lit(ts).cast("timestamp"), F.col("valid_from")),  # times never go back
             "is_current": F.lit(False),
             "_cdc_end_commit_lsn": F.lit(commit).cast("long"),
             "_cdc_end_lsn": F.lit(lsn).cast("long"),
@@ -238,6 +238,7 @@ def _unseen_events(history: DataFrame, events: DataFrame, keys: list[str], colum
         F.max(newest).alias("__last"),
         open_version.alias("__open"),
         F.max(F.col("is_current").cast("int")).alias("__has_open_version"),
+        F.max(F.coalesce("valid_to", "valid_from")).alias("__last_ts"),
     )
     return keyed.join(last, on=key_cols, how="left").where(
         F.col("__last").isNull()
@@ -247,13 +248,19 @@ def _unseen_events(history: DataFrame, events: DataFrame, keys: list[str], colum
 
 
 def _sequence(keyed: DataFrame, keys: list[str], columns: list[str]) -> DataFrame:
-    """Each key's events in order, with carried (TOAST) values and the next event's position."""
+    """Each key's events in order, with carried (TOAST) values and the next event's position.
+    An event's time is never before its key's last time (in history, or earlier in the batch):
+    a generation's correction is dated at its snapshot, and an event the snapshot already held
+    (committed just before it, delivered after its watermark) follows it in position; dated
+    at its commit, it would end the correction before it began."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     key_cols = [f"__key_{k}" for k in keys]
     w = Window.partitionBy(*key_cols).orderBy("commit_lsn", "lsn", "kafka_partition", "kafka_offset")
     upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    # greatest() skips nulls: a key new to history has no last time
+    keyed = keyed.withColumn("source_ts", F.greatest(F.max("source_ts").over(upto), F.col("__last_ts")))
     values = []
     for c in columns:
         available = ~F.coalesce(F.array_contains("unavailable", c), F.lit(False)) & (F.col("op") != "d")

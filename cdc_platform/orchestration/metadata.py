@@ -153,7 +153,7 @@ def current_metadata(
 
 def changelog_day_metadata(day: ChangelogDay) -> Metadata:
     """A streamed changelog's day: while it fills (what this apply process wrote to it) and
-    once sealed (the whole day, its ranges checked contiguous)."""
+    once sealed (the whole day, its ranges checked contiguous and each record in it once)."""
     metadata: Metadata = {
         "day": dg.MetadataValue.text(day.day[:10]),
         "sealed": dg.MetadataValue.bool(day.sealed),
@@ -169,6 +169,7 @@ def changelog_day_metadata(day: ChangelogDay) -> Metadata:
     if day.sealed:
         metadata["contiguous"] = dg.MetadataValue.bool(not day.holes)
         metadata["holes"] = dg.MetadataValue.json(list(day.holes))
+        metadata["records_twice"] = dg.MetadataValue.int(day.records_twice)
     else:
         metadata["counted_since"] = dg.MetadataValue.text("this apply process started (sealed days count all)")
     return metadata
@@ -264,6 +265,7 @@ def keys_check_metadata(keys: KeysReport) -> Metadata:
         "kafka_events_checked": dg.MetadataValue.int(keys.kafka_events_checked),
         "kafka_key_mismatches": dg.MetadataValue.int(keys.kafka_key_mismatches),
         "kafka_unstable_rows": dg.MetadataValue.int(keys.kafka_unstable_rows),
+        "changelog_records_twice": dg.MetadataValue.int(keys.changelog_records_twice),
         "sample_keys": dg.MetadataValue.json(keys.sample + keys.kafka_sample),
     }
 

@@ -144,6 +144,7 @@ def _stream_a_mixed_workload(env: CaptureEnv, lake: Lake, keys: list[str], engin
         _assert_each_offset_once_and_no_hole(lake, spark, key)
     assert engine.run_pass() == []  # caught up: an idle pass writes nothing
     _a_pass_reads_no_growing_ledger_table(env, lake, keys, engine)
+    _the_keys_check_reads_the_streamed_changelog(env, lake, keys[1], engine)
 
 
 def _sealing_a_day_compacts_it(lake: Lake, key: str) -> None:
@@ -249,6 +250,42 @@ def _a_pass_reads_no_growing_ledger_table(env: CaptureEnv, lake: Lake, keys: lis
     assert [a.table for a in applied if a.batch is not None] == [keys[1]]
     assert reads == []
     assert lake.read_current(keys[1]).count() == 2
+
+
+def _the_keys_check_reads_the_streamed_changelog(env: CaptureEnv, lake: Lake, key: str, engine: StreamApply) -> None:
+    """The keys check reads the changelog's recent records: each Kafka key holds exactly the
+    table's key, and each record (partition, offset) is in the changelog once. It looked for
+    the recent records by window key, and a streamed changelog's partitions are days, not
+    windows: it checked no record at all and passed, whatever the records held. A record
+    keyed by another producer, and a record appended twice, now fail it; sealing the day
+    counts the record appended twice too."""
+    from confluent_kafka import Producer
+    from pyspark.sql import functions as F
+
+    from cdc_platform.lake.checks import check_keys, recent_changelog
+
+    spark, table, keys = lake.spark, lake.table(key), ["order_id", "line_no"]
+    clean = check_keys(lake.read_current(key), recent_changelog(spark, lake.ledger, table), keys)
+    assert clean.kafka_events_checked > 0 and clean.passed, clean
+    row = {"order_id": 2, "line_no": 1, "note": "one more"}  # the last insert (_a_pass_reads_no_growing_ledger_table)
+    original = [m for m in env.consume(["lines"]) if m.value and m.envelope["after"] == row][-1]
+    producer = Producer({"bootstrap.servers": env.profile.kafka_bootstrap})
+    foreign_key = b'{"order_id": 2, "line_no": 1, "tenant": 1}'
+    producer.produce(table.topic, original.value, key=foreign_key, partition=original.partition)
+    assert producer.flush(10) == 0
+    assert [a.table for a in engine.run_until_caught_up() if a.batch is not None] == [key]
+    changelog = spark.read.format("delta").load(table.changelog_path)
+    record = (F.col("kafka_partition") == original.partition) & (F.col("kafka_offset") == original.offset)
+    twice = changelog.where(record)
+    twice.localCheckpoint().write.format("delta").mode("append").save(table.changelog_path)  # as a doubling bug would
+    broken = check_keys(lake.read_current(key), recent_changelog(spark, lake.ledger, table), keys)
+    assert (broken.kafka_key_mismatches, broken.kafka_unstable_rows, broken.changelog_records_twice) == (1, 1, 1)
+    assert not broken.passed
+    assert any('"tenant":1' in s for s in broken.kafka_sample), broken.kafka_sample
+    assert f"partition {original.partition} offset {original.offset}" in " ".join(broken.kafka_sample)
+    day = twice.first()["window_start"]
+    sealed = seal_day(spark, lake.ledger, table, day)
+    assert sealed.records_twice == 1 and not sealed.clean, sealed
 
 
 def _apply(env: CaptureEnv, *args: str, fault: str | None = None) -> int:

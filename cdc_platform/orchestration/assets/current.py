@@ -124,8 +124,9 @@ def check_specs(table: TableConfig) -> list[dg.AssetCheckSpec]:
             asset=key,
             blocking=True,
             description=(
-                "Primary key non-null and unique in current; Kafka keys of recent events hold exactly the key "
-                "columns and are the same text for every event of a row."
+                "Primary key non-null and unique in current; in the changelog's recent records, Kafka keys hold "
+                "exactly the key columns and are the same text for every event of a row, and each Kafka record "
+                "(partition, offset) is in the changelog once."
             ),
         ),
         dg.AssetCheckSpec(
