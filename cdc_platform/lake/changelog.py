@@ -504,7 +504,17 @@ class ChangelogDay:
 
 
 def seal_day(spark: SparkSession, ledger: Ledger, table: LakeTable, day: str) -> ChangelogDay:
-    """Seal ``day`` of a streamed changelog: read once, when the apply moved on to the next day."""
+    """Seal ``day`` of a streamed changelog, once the apply moved on to the next day: the
+    whole day read back and checked (``read_day``), then compacted (never written again)."""
+    sealed = read_day(spark, ledger, table, day, sealed=True)
+    compact_day(spark, table, day)
+    return sealed
+
+
+def read_day(spark: SparkSession, ledger: Ledger, table: LakeTable, day: str, sealed: bool = False) -> ChangelogDay:
+    """A streamed changelog's ``day`` read back whole: its batches' ranges from the ledger
+    (holes between them that no generation restarted past), its events by op, dead letters,
+    and the Kafka records it holds more than once. ``sealed``: the day is over."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
@@ -523,8 +533,7 @@ def seal_day(spark: SparkSession, ledger: Ledger, table: LakeTable, day: str) ->
     restarts = [g.watermark.kafka_end_offsets for g in ledger.generations(table.key).values()
                 if g.status is GenerationStatus.COMMITTED and g.watermark is not None]  # fmt: skip
     holes = tuple(h.describe() for h in holes_not_restarted(coverage.holes, restarts))
-    compact_day(spark, table, day)
-    return ChangelogDay(table.key, day, len(keys), ranges, events, dead, True, holes, records_twice)
+    return ChangelogDay(table.key, day, len(keys), ranges, events, dead, sealed, holes, records_twice)
 
 
 def _events_of_day(spark: SparkSession, table: LakeTable, day: str) -> tuple[dict[str, int], int]:

@@ -10,7 +10,7 @@ import dagster as dg
 from cdc_platform.config import load_config
 from cdc_platform.lake.tables import lake_table
 from cdc_platform.orchestration.apply_job import build_apply_job, build_apply_schedule
-from cdc_platform.orchestration.assets import table_assets
+from cdc_platform.orchestration.assets import table_assets, table_checks
 from cdc_platform.orchestration.keys import current_keys, source_asset_key
 from cdc_platform.orchestration.resources import platform_resources
 from cdc_platform.orchestration.sensors.changelog import build_changelog_sensor
@@ -40,6 +40,7 @@ def build_definitions(config_path: str | Path) -> dg.Definitions:
     )
     return dg.Definitions(
         assets=[asset for t in tables for asset in table_assets(config, t)],
+        asset_checks=[check for t in tables for check in table_checks(config, t)],
         # one process per run: its steps (asset, checks) share one Spark session instead of
         # starting a JVM per step
         executor=dg.in_process_executor,

@@ -12,6 +12,7 @@ KEYS_CHECK = "keys"
 COMPLETENESS_CHECK = "completeness"
 HISTORY_CHECK = "open_versions_match_current"
 HISTORY_CHAIN_CHECK = "versions_follow_one_another"
+DAY_CHECK = "every_offset_once"  # a streamed changelog's day, per partition
 
 # run tags
 TAG_TABLE = "cdc/table"

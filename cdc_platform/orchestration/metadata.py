@@ -175,6 +175,36 @@ def changelog_day_metadata(day: ChangelogDay) -> Metadata:
     return metadata
 
 
+def day_check_metadata(day: ChangelogDay) -> Metadata:
+    """The ``every_offset_once`` check of a changelog day (numeric, so the UI can plot it)."""
+    return {
+        "day": dg.MetadataValue.text(day.day[:10]),
+        "sealed": dg.MetadataValue.bool(day.sealed),
+        "batches": dg.MetadataValue.int(day.batches),
+        "offsets": dg.MetadataValue.int(sum(e - s for s, e in day.ranges.values())),
+        "events": dg.MetadataValue.int(sum(day.events.values())),
+        "holes": dg.MetadataValue.int(len(day.holes)),
+        "records_twice": dg.MetadataValue.int(day.records_twice),
+        "sample": dg.MetadataValue.json(list(day.holes[:10])),
+    }
+
+
+def day_check_description(day: ChangelogDay) -> str | None:
+    """What a failed day check found, and the fix for each; None when it passed."""
+    if day.clean:
+        return None
+    found = counted_in_words((len(day.holes), "hole(s) between batches"), (day.records_twice, "record(s) twice"))
+    fixes = []
+    if day.holes:  # offsets the apply never appended, so never merged either
+        fixes.append(f"a hole's changes never reached current: a new generation (cdc-platform rehydrate {day.table})")
+    if day.records_twice:  # current and history ignore a repeated position; the changelog's readers do not
+        fixes.append(
+            f"rewrite the day without its copies (dropDuplicates on kafka_partition, kafka_offset; Delta replaceWhere "
+            f"window_start = '{day.day}'); current and history applied each record once"
+        )
+    return f"changelog day {day.day[:10]} of {day.table}: {found}. Fix: " + "; ".join(fixes)
+
+
 def history_metadata(result: CurrentResult) -> Metadata:
     assert result.history is not None
     return {

@@ -3,10 +3,12 @@ for a streamed table, one per UTC day its stream apply wrote (dynamic: at most 3
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import dagster as dg
 
 from cdc_platform.config.model import TableConfig
-from cdc_platform.model.windows import PARTITION_FORMAT
+from cdc_platform.model.windows import PARTITION_FORMAT, window_key
 from cdc_platform.orchestration.keys import group_name
 
 
@@ -34,3 +36,8 @@ def changelog_days_partitions(table: TableConfig) -> dg.DynamicPartitionsDefinit
 def day_partition_key(day: str) -> str:
     """The Dagster partition of a changelog day (``2026-11-25T00:00:00Z`` -> ``2026-11-25``)."""
     return day[:10]
+
+
+def day_window_key(partition: str) -> str:
+    """The changelog day of a Dagster partition (``2026-11-25`` -> ``2026-11-25T00:00:00Z``)."""
+    return window_key(datetime.strptime(partition, "%Y-%m-%d").replace(tzinfo=UTC))

@@ -9,7 +9,7 @@ explodes.
 * **changelog**: the day's partition (created when the apply writes its first batch),
   with the offsets, batches, events by op and dead letters of the day so far, at most
   once a minute per table; when the UTC day is over, the sealed day at once (its ranges
-  fixed and checked contiguous).
+  fixed and checked contiguous), with its ``every_offset_once`` check on that partition.
 """
 
 from __future__ import annotations
@@ -27,8 +27,14 @@ from cdc_platform.lake.current import CurrentResult
 from cdc_platform.lake.tables import LakeTable
 from cdc_platform.model.state import CurrentPosition
 from cdc_platform.model.windows import changelog_partition
-from cdc_platform.orchestration.keys import changelog_asset_key, current_asset_key, history_asset_key
-from cdc_platform.orchestration.metadata import changelog_day_metadata, current_metadata, history_metadata
+from cdc_platform.orchestration.keys import DAY_CHECK, changelog_asset_key, current_asset_key, history_asset_key
+from cdc_platform.orchestration.metadata import (
+    changelog_day_metadata,
+    current_metadata,
+    day_check_description,
+    day_check_metadata,
+    history_metadata,
+)
 from cdc_platform.orchestration.partitions import changelog_days_partitions, day_partition_key
 
 log = logging.getLogger("cdc_platform.apply")
@@ -62,6 +68,8 @@ class RunlessReporter:
         self.instance, self.position, self.every_s, self.clock = instance, position, every_s, clock
         self.formats = dict(formats or {})
         self.emit = emit or instance.report_runless_asset_event
+        # a run's log takes materializations only: a sealed day's check is a runless event either way
+        self.emit_check: Callable[[dg.AssetCheckEvaluation], None] = instance.report_runless_asset_event
         self.positions, self.idle_every_s = positions, idle_every_s
         self.tables = {t.key: t for t in tables}
         self.last: dict[str, float] = {}  # per table: the last report of current
@@ -163,6 +171,13 @@ class RunlessReporter:
                 asset_key=changelog_asset_key(config), partition=partition, metadata=changelog_day_metadata(day)
             )
         )
+        if day.sealed:  # the day's check, on the partition: a sealed day with a hole or a record twice fails in the UI
+            self.emit_check(
+                dg.AssetCheckEvaluation(
+                    asset_key=changelog_asset_key(config), check_name=DAY_CHECK, passed=day.clean,
+                    metadata=day_check_metadata(day), description=day_check_description(day), partition=partition,
+                )
+            )  # fmt: skip
 
     # ------------------------------------------------------------ a whole run at once
 

@@ -39,6 +39,7 @@ from cdc_platform.model.coverage import walk
 from cdc_platform.model.errors import ChangelogGapError
 from cdc_platform.model.rehydration import changelog_gap
 from cdc_platform.model.windows import DAY_S, BatchPlan, is_batch_key, next_batch_ranges, window_key, window_start
+from cdc_platform.orchestration.partitions import day_partition_key
 from cdc_platform.sources import open_source
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 from cdc_platform_tests.integration.test_capture_faults import DDL, Workload
@@ -169,7 +170,7 @@ def _sealing_a_day_compacts_it(lake: Lake, key: str) -> None:
     after, before = day_rows(), day_rows(version)
     assert files_before >= 1 and len(after.inputFiles()) == 1
     assert after.exceptAll(before).count() == 0 and before.exceptAll(after).count() == 0
-    assert sum(sealed.events.values()) == after.count() and sealed.sealed and not sealed.holes
+    assert sum(sealed.events.values()) == after.count() and sealed.sealed and sealed.clean, sealed
 
 
 @contextmanager
@@ -277,6 +278,7 @@ def _the_keys_check_reads_the_streamed_changelog(env: CaptureEnv, lake: Lake, ke
     changelog = spark.read.format("delta").load(table.changelog_path)
     record = (F.col("kafka_partition") == original.partition) & (F.col("kafka_offset") == original.offset)
     twice = changelog.where(record)
+    assert _day_check_run(env, table, day_partition_key(twice.first()["window_start"])).passed
     twice.localCheckpoint().write.format("delta").mode("append").save(table.changelog_path)  # as a doubling bug would
     broken = check_keys(lake.read_current(key), recent_changelog(spark, lake.ledger, table), keys)
     assert (broken.kafka_key_mismatches, broken.kafka_unstable_rows, broken.changelog_records_twice) == (1, 1, 1)
@@ -284,8 +286,36 @@ def _the_keys_check_reads_the_streamed_changelog(env: CaptureEnv, lake: Lake, ke
     assert any('"tenant":1' in s for s in broken.kafka_sample), broken.kafka_sample
     assert f"partition {original.partition} offset {original.offset}" in " ".join(broken.kafka_sample)
     day = twice.first()["window_start"]
+    failed = _day_check_run(env, table, day_partition_key(day))
+    assert (failed.passed, failed.metadata["records_twice"].value, failed.metadata["holes"].value) == (False, 1, 0)
+    assert failed.description is not None and "1 record(s) twice" in failed.description
     sealed = seal_day(spark, lake.ledger, table, day)
     assert sealed.records_twice == 1 and not sealed.clean, sealed
+
+
+def _day_check_run(env: CaptureEnv, table: Any, partition: str) -> Any:
+    """The changelog's ``every_offset_once`` check run for one day, as a user runs it from
+    the UI (the stream apply reports it itself when it seals a day): its evaluation."""
+    import dagster as dg
+
+    from cdc_platform.orchestration.definitions import build_definitions
+    from cdc_platform.orchestration.keys import DAY_CHECK, changelog_asset_key
+    from cdc_platform.orchestration.partitions import changelog_days_partitions
+
+    check = dg.AssetCheckKey(changelog_asset_key(table.config), DAY_CHECK)
+    job = dg.define_asset_job("day_check", selection=dg.AssetSelection.checks(check))
+    defs = dg.Definitions.merge(build_definitions(env.config_path), dg.Definitions(jobs=[job]))
+    with dg.DagsterInstance.ephemeral() as instance:
+        days = changelog_days_partitions(table.config).name
+        assert days is not None
+        instance.add_dynamic_partitions(days, [partition])
+        run = defs.resolve_job_def("day_check").execute_in_process(
+            instance=instance, tags={"dagster/partition": partition}, raise_on_error=False
+        )
+        assert run.success
+        [evaluation] = run.get_asset_check_evaluations()
+    assert evaluation.partition == partition
+    return evaluation
 
 
 def _apply(env: CaptureEnv, *args: str, fault: str | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from cdc_platform.lake.ledger import Ledger
 from cdc_platform.model.coverage import OffsetRange, walk
 from cdc_platform.model.errors import ChangelogGapError, FatalError, RetriableError
 from cdc_platform.model.windows import BatchPlan, batch_key, changelog_partition, is_batch_key, next_batch_ranges
+from cdc_platform.orchestration.keys import DAY_CHECK
 
 DAY = "2026-11-25T00:00:00Z"
 
@@ -306,6 +308,13 @@ def test_a_running_apply_reports_each_changelog_day_and_seals_it_and_idle_tables
         assert sealed_event is not None and sealed_event.metadata["sealed"].value is True
         assert sealed_event.metadata["contiguous"].value is True and sealed_event.partition == "2026-11-25"
         assert next_day is not None and next_day.partition == "2026-11-26"
+        # the sealed day's check, on its partition (a day still filling has none yet)
+        assert _day_checks(instance, changelog) == [("2026-11-25", True, None)]
+        doubled = replace(sealed, day="2026-11-26T00:00:00Z", records_twice=2)
+        report([TableApplied(table.key, sealed=doubled)])
+        failed = _day_checks(instance, changelog)[0]
+        assert failed[:2] == ("2026-11-26", False) and "2 record(s) twice" in str(failed[2])
+        assert "dropDuplicates on kafka_partition, kafka_offset" in str(failed[2])
         # a table with nothing to apply is reported every five minutes, caught up: not stale
         now[0] = 400.0
         report([])
@@ -317,6 +326,17 @@ def test_a_running_apply_reports_each_changelog_day_and_seals_it_and_idle_tables
         now[0] = 500.0
         report([])
         assert len(instance.fetch_materializations(dg.AssetKey(["shop", "orders"]), limit=10).records) == 1
+
+
+def _day_checks(instance: Any, changelog: Any) -> list[tuple[str | None, bool, str | None]]:
+    """The changelog's day check evaluations, newest first: (partition, passed, description)."""
+    import dagster as dg
+
+    records = instance.event_log_storage.get_asset_check_execution_history(
+        dg.AssetCheckKey(changelog, DAY_CHECK), limit=10
+    )
+    evaluations = [r.event.asset_check_evaluation for r in records if r.event is not None]
+    return [(e.partition, e.passed, e.description) for e in evaluations if e is not None]
 
 
 def test_one_apply_takes_the_named_streamed_sources_or_all_of_them(tmp_path: Path) -> None:
