@@ -484,7 +484,10 @@ class ChangelogConfig(_Strict):
 class ErrorsConfig(_Strict):
     tolerance: ErrorTolerance = ErrorTolerance.NONE
     dead_letter_threshold: int = Field(
-        default=0, ge=0, description="Completeness check fails above this many dead letters per window."
+        default=0,
+        ge=0,
+        description="Completeness check fails above this many dead letters per changelog partition (a window; a "
+        "UTC day for a streamed changelog).",
     )
 
 

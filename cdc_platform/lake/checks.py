@@ -10,8 +10,8 @@ Dagster edge turns it into an ``AssetCheckResult``.
 * **schema** — ``lake/schema_registry.py``; pandera schemas generated from the table's
   schema validate current (types, nullability, key columns).
 * **completeness** — recorded changelog ranges cover every offset from the generation's
-  watermark (no holes, ``model.coverage``); dead letters per window within
-  ``errors.dead_letter_threshold``; the topic is fed (``model.feeds``: the source's own
+  watermark (no holes, ``model.coverage``); dead letters per changelog partition (window
+  or day) within ``errors.dead_letter_threshold``; the topic is fed (``model.feeds``: the source's own
   count of rows written moved, the producer confirmed past it, and the topic got
   nothing is a failure naming the likely cause); and current reconciles with one
   consistent read of the source, row by row (rows compared, missing, extra, differing,

@@ -133,9 +133,10 @@ def check_specs(table: TableConfig) -> list[dg.AssetCheckSpec]:
             COMPLETENESS_CHECK,
             asset=key,
             description=(
-                "Changelog windows cover every offset since the watermark; dead letters per window within the "
-                "threshold; the topic is fed (the source's rows-written count moved only if the topic did); "
-                "current equals one consistent source read row by row, except keys with changes in flight."
+                "Changelog windows cover every offset since the watermark; dead letters per changelog partition "
+                "(window or day) within the threshold; the topic is fed (the source's rows-written count moved only "
+                "if the topic did); current equals one consistent source read row by row, except keys with changes "
+                "in flight."
             ),
         ),
         *(
