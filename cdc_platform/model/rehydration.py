@@ -53,6 +53,22 @@ class FailedCheck:
     description: str
 
 
+# what a failed keys or completeness check counted that a new generation repairs: current's
+# keys and rows (null, duplicate, missing, extra, differing) and offsets the changelog misses
+REPAIRED_BY_A_GENERATION = ("mismatches", "offsets_missing")
+
+
+def repaired_by_a_generation(counts: Mapping[str, object]) -> bool:
+    """Whether a failed check's findings (its numeric metadata) are a generation's to repair.
+    A generation rebuilds current from the source; it cannot take a record out of the
+    changelog, a dead letter out of its table, or a second copy of a key out of the source,
+    so a check failing only on those fails the same after it. As each evaluation is a new
+    cause, one generation per evaluation followed, every 10 minutes on a streamed table.
+    An evaluation without the counts (an older one) is taken as repairable, as before."""
+    known = [counts[name] for name in REPAIRED_BY_A_GENERATION if name in counts]
+    return not known or any(isinstance(n, int | float) and n > 0 for n in known)
+
+
 @dataclass(frozen=True)
 class TableFacts:
     """Everything the decision needs about one table, gathered by the sensor."""

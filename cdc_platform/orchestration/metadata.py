@@ -300,6 +300,36 @@ def keys_check_metadata(keys: KeysReport) -> Metadata:
     }
 
 
+def keys_check_description(keys: KeysReport, table: str) -> str | None:
+    """What a failed keys check found, and the fix for each finding; None when it passed."""
+    if keys.passed:
+        return None
+    found = counted_in_words(
+        (keys.null_keys, "row(s) of current with a null key"),
+        (keys.duplicate_keys, "key(s) twice in current"),
+        (keys.kafka_key_mismatches, "recent Kafka record(s) not keyed by exactly the key columns"),
+        (keys.kafka_unstable_rows, "row(s) with two Kafka key texts"),
+        (keys.changelog_records_twice, "Kafka record(s) twice in the changelog"),
+    )
+    fixes = []
+    if keys.null_keys or keys.duplicate_keys:
+        fixes.append(f"current is rebuilt by a new generation, which the rehydration sensor starts ({table})")
+    if keys.kafka_key_mismatches or keys.kafka_unstable_rows:
+        fixes.append(
+            "another producer (or a connector with other key settings) writes the topic: stop it; per-key order "
+            f"across partitions is lost, so rehydrate once it stopped (cdc-platform rehydrate {table})"
+        )
+    if keys.changelog_records_twice:
+        fixes.append(
+            "a changelog append was not idempotent: rewrite the day without the copies (dropDuplicates on "
+            "kafka_partition, kafka_offset); current and history applied each record once"
+        )
+    tail = (
+        "" if keys.null_keys or keys.duplicate_keys else " A generation does not change the changelog: none is started."
+    )
+    return f"{found}. Fix: " + "; ".join(fixes) + "." + tail
+
+
 def completeness_check_metadata(report: CompletenessReport, dropped_by_generation: int | None) -> Metadata:
     return {
         "deleted_in_source": dg.MetadataValue.int(report.deleted_in_source),

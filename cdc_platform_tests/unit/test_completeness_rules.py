@@ -79,3 +79,22 @@ def test_the_history_checks_name_each_fault_they_counted_and_only_those() -> Non
     assert VersionChain(versions=10).faults == 0 and chain_faults(VersionChain(versions=10)) == ""
     mismatch = ExactComparison(rows=RowComparison(compared=4, differing=1, repeated=1))
     assert history_mismatch(mismatch) == "1 open version(s) that differ from current, 1 key(s) with two open versions"
+
+
+def test_the_keys_check_names_each_finding_and_whether_a_generation_repairs_it() -> None:
+    """Its findings in current are repaired by the generation the rehydration sensor
+    starts; those in the changelog are not, and the description says what to do instead."""
+    from cdc_platform.lake.checks import KeysReport
+    from cdc_platform.orchestration.metadata import keys_check_description
+
+    assert keys_check_description(KeysReport(rows=5, null_keys=0, duplicate_keys=0, sample=[]), "s.p.t") is None
+    current = keys_check_description(KeysReport(rows=5, null_keys=0, duplicate_keys=2, sample=[]), "s.p.t")
+    assert current == (
+        "2 key(s) twice in current. Fix: current is rebuilt by a new generation, which the rehydration sensor "
+        "starts (s.p.t)."
+    )
+    doubled = KeysReport(rows=5, null_keys=0, duplicate_keys=0, sample=[], changelog_records_twice=1)
+    described = keys_check_description(doubled, "s.p.t")
+    assert described is not None and described.startswith("1 Kafka record(s) twice in the changelog. Fix: ")
+    assert "dropDuplicates" in described and described.endswith("none is started.")
+    assert "key(s) twice in current" not in described and "another producer" not in described

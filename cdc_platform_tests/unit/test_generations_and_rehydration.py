@@ -5,6 +5,7 @@ behind them)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from cdc_platform.model.generations import (
     Generation,
@@ -188,3 +189,41 @@ def test_reconciliation_of_a_polled_table() -> None:
     assert not needs(facts(g, reconcile_every_s=3600), T0 + timedelta(minutes=30))
     [due] = needs(facts(g, reconcile_every_s=3600), T0 + timedelta(hours=2))
     assert due.reason is Reason.RECONCILIATION and due.cause == "reconcile:g1"
+
+
+def test_a_failed_check_starts_a_generation_only_for_what_a_generation_repairs(tmp_path: Path) -> None:
+    """A new generation rebuilds current from the source. It repairs current's keys and
+    rows and offsets the changelog misses; it cannot remove a record from the changelog, a
+    dead letter, or a key the source itself holds twice. Each check evaluation used to be a
+    new cause, so a failure a generation cannot repair (a record twice in the changelog, say)
+    started a generation at every evaluation of a streamed table's checks, every 10 minutes,
+    for as long as the record stayed among the recent ones."""
+    import dagster as dg
+
+    from cdc_platform.config import load_config
+    from cdc_platform.orchestration.keys import COMPLETENESS_CHECK, KEYS_CHECK, current_asset_key
+    from cdc_platform.orchestration.sensors.rehydration import failed_checks
+
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "sources: {s: {database: d, user: u, password_env: P}}\nkafka: {bootstrap_servers: 'x:1'}\n"
+        f"lake: {{root: {tmp_path}/lake}}\ntables: [{{name: s.public.t}}]\n"
+    )
+    table = load_config(path).tables[0]
+    cases = [  # check, metadata of the failed evaluation, a generation repairs it
+        (KEYS_CHECK, {"mismatches": 0, "changelog_records_twice": 1}, False),
+        (KEYS_CHECK, {"mismatches": 0, "kafka_key_mismatches": 3}, False),
+        (KEYS_CHECK, {"mismatches": 2, "duplicate_keys": 2}, True),
+        (COMPLETENESS_CHECK, {"mismatches": 0, "offsets_missing": 0, "max_dead_letters_per_window": 4}, False),
+        (COMPLETENESS_CHECK, {"mismatches": 0, "offsets_missing": 0, "keys_repeated_in_source": 1}, False),
+        (COMPLETENESS_CHECK, {"mismatches": 0, "offsets_missing": 7}, True),
+        (COMPLETENESS_CHECK, {"mismatches": 3, "offsets_missing": 0, "max_dead_letters_per_window": 4}, True),
+        (COMPLETENESS_CHECK, {}, True),  # an evaluation without the counts: as before
+    ]
+    for check, metadata, repaired in cases:
+        with dg.DagsterInstance.ephemeral() as instance:
+            key = current_asset_key(table)
+            failed = dg.AssetCheckEvaluation(asset_key=key, check_name=check, passed=False, metadata=metadata)
+            instance.report_runless_asset_event(failed)
+            found = failed_checks(instance, table, T0)
+        assert [f.check for f in found] == ([check] if repaired else []), (check, metadata)

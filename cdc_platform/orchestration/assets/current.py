@@ -48,6 +48,7 @@ from cdc_platform.orchestration.metadata import (
     history_check_metadata,
     history_metadata,
     history_mismatch,
+    keys_check_description,
     keys_check_metadata,
     schema_check_metadata,
 )
@@ -253,7 +254,9 @@ class CurrentStep:
             SCHEMA_CHECK, schema.passed and not warn, schema_check_metadata(schema), schema.note or None, warn
         )
         report = check_keys(frame, recent_changelog(self.spark, self.ledger, self.table), keys)
-        yield self._check(KEYS_CHECK, report.passed, keys_check_metadata(report))
+        yield self._check(
+            KEYS_CHECK, report.passed, keys_check_metadata(report), keys_check_description(report, self.table.key)
+        )
         inputs = CompletenessInputs(frame.drop(*POSITION_COLUMNS), committed)
         completeness = check_completeness(
             self.spark, self.ledger, self.source, self.kafka.clients(), self.table, inputs

@@ -28,6 +28,7 @@ from cdc_platform.model.rehydration import (
     interrupted_generation,
     needs,
     pending_signals,
+    repaired_by_a_generation,
 )
 from cdc_platform.orchestration.jobs import generation_job
 from cdc_platform.orchestration.keys import (
@@ -57,7 +58,8 @@ def new_generation_key() -> str:
 
 def failed_checks(instance: dg.DagsterInstance, table: TableConfig, after: datetime) -> list[FailedCheck]:
     """Checks on current whose latest evaluation failed with ERROR severity after ``after``
-    (a warning — a polled source's hard deletes — is reconciliation's job)."""
+    (a warning — a polled source's hard deletes — is reconciliation's job), on findings a
+    generation repairs (``model.rehydration.repaired_by_a_generation``)."""
     found = []
     for name in (SCHEMA_CHECK, KEYS_CHECK, COMPLETENESS_CHECK):
         check_key = dg.AssetCheckKey(current_asset_key(table), name)
@@ -69,6 +71,9 @@ def failed_checks(instance: dg.DagsterInstance, table: TableConfig, after: datet
         evaluation = latest.event.dagster_event.event_specific_data if latest.event.dagster_event else None
         if getattr(evaluation, "severity", None) == dg.AssetCheckSeverity.WARN:
             continue
+        counts = {k: getattr(v, "value", v) for k, v in (getattr(evaluation, "metadata", None) or {}).items()}
+        if not repaired_by_a_generation(counts):
+            continue  # the changelog's or the source's: the check's description names the fix
         description = getattr(evaluation, "description", None) or f"check {name} failed"
         found.append(FailedCheck(name, latest.run_id, str(description)))
     return found
