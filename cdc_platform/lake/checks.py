@@ -220,6 +220,15 @@ class CompletenessReport:
                 "poll.timestamp_delay_s to cover the longest transaction; in incrementing mode, any update). A "
                 f"reconciliation generation repairs current: cdc-platform rehydrate {table}"
             )
+        if self.max_dead_letters_per_window > self.dead_letter_threshold:
+            return (
+                f"{self.dead_letters} dead letter(s), at most {self.max_dead_letters_per_window} in one changelog "
+                f"partition (errors.dead_letter_threshold={self.dead_letter_threshold}): records that could not be "
+                "decoded, kept with their raw bytes in the table's dead-letter table. The changes they carried reach "
+                "current by a new generation (the rehydration sensor starts one when the row comparison finds "
+                f"current differing; or cdc-platform rehydrate {table}), which does not remove them: the check fails "
+                "until the threshold allows them, so raise it once they are examined"
+            )
         if self.passed and self.deleted_in_source:
             return (
                 f"{self.deleted_in_source} row(s) exist in current but no longer in the source (hard deletes, which "

@@ -98,3 +98,17 @@ def test_the_keys_check_names_each_finding_and_whether_a_generation_repairs_it()
     assert described is not None and described.startswith("1 Kafka record(s) twice in the changelog. Fix: ")
     assert "dropDuplicates" in described and described.endswith("none is started.")
     assert "key(s) twice in current" not in described and "another producer" not in described
+
+
+def test_completeness_over_its_dead_letter_threshold_says_what_a_generation_does_and_does_not() -> None:
+    from cdc_platform.lake.checks import CompletenessReport
+
+    within = CompletenessReport([], 0, 3, 3, 3, True, "")
+    assert within.passed and within.description("s.p.t", polled=False) is None
+    over = CompletenessReport([], 0, 5, 4, 3, True, "")
+    described = over.description("s.p.t", polled=False)
+    assert not over.passed and described is not None
+    assert described.startswith(
+        "5 dead letter(s), at most 4 in one changelog partition (errors.dead_letter_threshold=3)"
+    )
+    assert "cdc-platform rehydrate s.p.t" in described and "raise it once they are examined" in described
