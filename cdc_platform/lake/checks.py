@@ -4,9 +4,10 @@ Each returns a report (numbers, samples of offending keys or columns, a verdict)
 Dagster edge turns it into an ``AssetCheckResult``.
 
 * **keys** — current: no key column null, no key twice. Changelog (its most recent
-  records, ``RECENT_RECORDS`` per Kafka partition, windowed or streamed): every Kafka key
-  holds exactly the key columns, one row always has the same key text, and each record
-  (partition, offset), the changelog's own key, is in it once.
+  records since the committed generation's watermark, ``RECENT_RECORDS`` per Kafka
+  partition, windowed or streamed): every Kafka key holds exactly the key columns, one
+  row always has the same key text, and each record (partition, offset), the changelog's
+  own key, is in it once.
 * **schema** — ``lake/schema_registry.py``; pandera schemas generated from the table's
   schema validate current (types, nullability, key columns).
 * **completeness** — recorded changelog ranges cover every offset from the generation's
@@ -128,9 +129,10 @@ def _check_kafka_keys(changelog: DataFrame, keys: list[str], report: KeysReport)
 
 def recent_changelog(spark: SparkSession, ledger: Ledger, table: LakeTable) -> DataFrame | None:
     """The changelog's last ``RECENT_RECORDS`` records of each Kafka partition the ledger
-    recorded, by offset: the same for windowed and streamed changelogs. (It used to take
-    the last three window keys, and a streamed changelog's partitions are days, not its
-    batch keys: the keys check read nothing there and passed.)"""
+    recorded since the committed generation's watermark, by offset: the same for windowed
+    and streamed changelogs. (It used to take the last three window keys, and a streamed
+    changelog's partitions are days, not its batch keys: the keys check read nothing there
+    and passed.)"""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
@@ -141,7 +143,11 @@ def recent_changelog(spark: SparkSession, ledger: Ledger, table: LakeTable) -> D
     for ranges in recorded.values():
         for r in ranges:
             ends[r.partition] = max(ends.get(r.partition, r.end), r.end)
-    since = {p: end - RECENT_RECORDS for p, end in ends.items()}
+    committed = ledger.committed(table.key)
+    start = committed.watermark.kafka_end_offsets if committed and committed.watermark else {}
+    # only what the committed generation's current was built from: a new generation (after a
+    # key change, or once another producer stopped) starts the check afresh
+    since = {p: max(end - RECENT_RECORDS, start.get(p, 0)) for p, end in ends.items()}
     days = sorted({
         changelog_partition(key) for key, ranges in recorded.items()
         if any(r.end > max(r.start, since[r.partition]) for r in ranges)
