@@ -49,6 +49,7 @@ from cdc_platform.devtools.stack.kafka import LocalKafka
 from cdc_platform.devtools.stack.postgres import LocalPostgres, pgbench_path
 from cdc_platform.devtools.stack.stack import load_stack_env, stack_env
 from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.lake.changelog import copies_of_each_record
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import lake_table
 from cdc_platform.lake.verify import VerifyContext, verify_tables
@@ -66,6 +67,13 @@ APPLY_CUTS = ("apply.recorded", "current.merged")
 OVERSIZED_BYTES = 900_000  # under the broker's 1 MB limit: it lands, and must be dead-lettered
 WINDOW_S = 60  # the suite's tables use 1-minute changelog windows
 UNVERIFIED = "NOT VERIFIED:"
+
+
+def records_balance(offsets: int, changelog_rows: int, distinct_records: int, dead_letters: int) -> bool:
+    """Every offset the ledger recorded is in the changelog or among the dead letters, and
+    each changelog record is there once: a record twice and another lost would balance the
+    sum alone."""
+    return offsets == changelog_rows + dead_letters and distinct_records == changelog_rows
 
 
 @dataclass
@@ -427,6 +435,7 @@ tables:
 
     def accounting(self) -> tuple[int, bool]:
         from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
 
         from cdc_platform.lake.session import get_spark_session
 
@@ -437,13 +446,12 @@ tables:
             lake = lake_table(config, table)
             offsets = sum(r.end - r.start for rs in ledger.windows(table.key).values() for r in rs)
             changelog = spark.read.format("delta").load(lake.changelog_path)
-            events = changelog.count()
-            # a record twice and another lost would balance the sum: each record once, too
-            records = changelog.select("kafka_partition", "kafka_offset").distinct().count()
+            counted = copies_of_each_record(changelog).agg(F.sum("copies").alias("events"), F.count(F.lit(1)))
+            events, records = (int(v or 0) for v in counted.first() or (0, 0))
             path = lake.dead_letters_path
             dead = spark.read.format("delta").load(path).count() if DeltaTable.isDeltaTable(spark, path) else 0
             dead_total += dead
-            balanced = balanced and offsets == events + dead and records == events
+            balanced = balanced and records_balance(offsets, events, records, dead)
         return dead_total, balanced
 
     def inject(self, fault: str, capture_kills: int = 3, apply_kills: int = 2) -> int:

@@ -536,18 +536,27 @@ def read_day(spark: SparkSession, ledger: Ledger, table: LakeTable, day: str, se
     return ChangelogDay(table.key, day, len(keys), ranges, events, dead, sealed, holes, records_twice)
 
 
+def copies_of_each_record(changelog: DataFrame) -> DataFrame:
+    """Each Kafka record (partition, offset) of a changelog frame with how many times the
+    frame holds it (``copies``: more than one means an append that was not idempotent) and
+    its op ("tombstone" for none). The one definition of "a record twice" that the keys
+    check, the day check and the fault suite's accounting share."""
+    from pyspark.sql import functions as F
+
+    return changelog.groupBy("kafka_partition", "kafka_offset").agg(
+        F.count(F.lit(1)).alias("copies"), F.first(F.coalesce("op", F.lit("tombstone"))).alias("op")
+    )
+
+
 def _events_of_day(spark: SparkSession, table: LakeTable, day: str) -> tuple[dict[str, int], int]:
     """A day's events by op (plus "tombstone"), and how many of its Kafka records it holds
     more than once (an append that was not idempotent): one aggregation, by record."""
     from pyspark.sql import functions as F
 
-    records = (
-        spark.read.format("delta").load(table.changelog_path).where(F.col("window_start") == day)
-        .groupBy("kafka_partition", "kafka_offset")
-        .agg(F.count(F.lit(1)).alias("copies"), F.first(F.coalesce("op", F.lit("tombstone"))).alias("op"))
-    )  # fmt: skip
+    changelog = spark.read.format("delta").load(table.changelog_path).where(F.col("window_start") == day)
     by_op = (
-        records.groupBy("op")
+        copies_of_each_record(changelog)
+        .groupBy("op")
         .agg(F.sum("copies").alias("n"), F.sum((F.col("copies") > 1).cast("int")).alias("twice"))
         .collect()
     )

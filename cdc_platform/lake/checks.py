@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.lake.changelog import copies_of_each_record
 from cdc_platform.lake.compare import SAMPLE, compare_at_one_read, key_samples, keys_only_in, repeated_keys
 from cdc_platform.lake.lake_types import lake_type
 from cdc_platform.lake.ledger import Ledger
@@ -115,13 +116,13 @@ def _check_kafka_keys(changelog: DataFrame, keys: list[str], report: KeysReport)
     report.kafka_events_checked = int(summary["n"])
     report.kafka_key_mismatches = int(summary["wrong"] or 0)
     report.kafka_unstable_rows = unstable.count()
-    twice = changelog.groupBy("kafka_partition", "kafka_offset").count().where("count > 1")
+    twice = copies_of_each_record(changelog).where("copies > 1")
     report.changelog_records_twice = twice.count()
     report.kafka_sample = (
         [r["key_json"] for r in keyed.where("wrong_fields").limit(SAMPLE).collect()]
         + [" vs ".join(r["seen"]) for r in unstable.limit(SAMPLE).collect()]
         + [
-            f"partition {r['kafka_partition']} offset {r['kafka_offset']} {r['count']} times in the changelog"
+            f"partition {r['kafka_partition']} offset {r['kafka_offset']} {r['copies']} times in the changelog"
             for r in twice.limit(SAMPLE).collect()
         ]
     )
