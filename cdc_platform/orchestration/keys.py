@@ -9,6 +9,7 @@ from cdc_platform.config.model import TableConfig
 
 SCHEMA_CHECK = "schema_compatible"
 KEYS_CHECK = "keys"
+CHANGELOG_KEYS_CHECK = "changelog_keys"  # Kafka keys and records in the changelog (not blocking)
 COMPLETENESS_CHECK = "completeness"
 HISTORY_CHECK = "open_versions_match_current"
 HISTORY_CHAIN_CHECK = "versions_follow_one_another"

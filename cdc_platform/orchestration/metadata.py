@@ -292,28 +292,42 @@ def keys_check_metadata(keys: KeysReport) -> Metadata:
         "null_keys": dg.MetadataValue.int(keys.null_keys),
         "duplicate_keys": dg.MetadataValue.int(keys.duplicate_keys),
         "mismatches": dg.MetadataValue.int(keys.null_keys + keys.duplicate_keys),
+        "sample_keys": dg.MetadataValue.json(keys.sample),
+    }
+
+
+def changelog_keys_check_metadata(keys: KeysReport) -> Metadata:
+    return {
         "kafka_events_checked": dg.MetadataValue.int(keys.kafka_events_checked),
         "kafka_key_mismatches": dg.MetadataValue.int(keys.kafka_key_mismatches),
         "kafka_unstable_rows": dg.MetadataValue.int(keys.kafka_unstable_rows),
         "changelog_records_twice": dg.MetadataValue.int(keys.changelog_records_twice),
-        "sample_keys": dg.MetadataValue.json(keys.sample + keys.kafka_sample),
+        "sample": dg.MetadataValue.json(keys.kafka_sample),
     }
 
 
 def keys_check_description(keys: KeysReport, table: str) -> str | None:
-    """What a failed keys check found, and the fix for each finding; None when it passed."""
-    if keys.passed:
+    """What the keys check found in current, and the fix; None when it passed."""
+    if keys.current_passed:
         return None
     found = counted_in_words(
-        (keys.null_keys, "row(s) of current with a null key"),
-        (keys.duplicate_keys, "key(s) twice in current"),
+        (keys.null_keys, "row(s) of current with a null key"), (keys.duplicate_keys, "key(s) twice in current")
+    )
+    return f"{found}. Fix: current is rebuilt by a new generation, which the rehydration sensor starts ({table})."
+
+
+def changelog_keys_check_description(keys: KeysReport, table: str) -> str | None:
+    """What the changelog keys check found in the topic and the changelog, and the fix for
+    each finding; None when it passed. Current is not blocked by these: it applied each
+    record once by its position."""
+    if keys.changelog_passed:
+        return None
+    found = counted_in_words(
         (keys.kafka_key_mismatches, "recent Kafka record(s) not keyed by exactly the key columns"),
         (keys.kafka_unstable_rows, "row(s) with two Kafka key texts"),
         (keys.changelog_records_twice, "Kafka record(s) twice in the changelog"),
     )
     fixes = []
-    if keys.null_keys or keys.duplicate_keys:
-        fixes.append(f"current is rebuilt by a new generation, which the rehydration sensor starts ({table})")
     if keys.kafka_key_mismatches or keys.kafka_unstable_rows:
         fixes.append(
             "another producer (or a connector with other key settings) writes the topic: stop it; per-key order "
@@ -324,10 +338,7 @@ def keys_check_description(keys: KeysReport, table: str) -> str | None:
             "a changelog append was not idempotent: rewrite the day without the copies (dropDuplicates on "
             "kafka_partition, kafka_offset); current and history applied each record once"
         )
-    tail = (
-        "" if keys.null_keys or keys.duplicate_keys else " A generation does not change the changelog: none is started."
-    )
-    return f"{found}. Fix: " + "; ".join(fixes) + "." + tail
+    return f"{found}. Fix: " + "; ".join(fixes) + ". A generation does not change the changelog: none is started."
 
 
 def completeness_check_metadata(report: CompletenessReport, dropped_by_generation: int | None) -> Metadata:

@@ -83,5 +83,5 @@ def test_ui_shows_the_table_group_materialized_with_passed_checks(ui: tuple[str,
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for shown in ("shop_customers", "source", "snapshot", "changelog", "customers", "history", "Materialized"):
         assert shown in text, shown
-    assert "3 / 3 Passed" in text  # schema_compatible, keys, completeness on current
+    assert "4 / 4 Passed" in text  # schema_compatible, keys, changelog_keys, completeness on current
     assert "2 / 2 Passed" in text  # open_versions_match_current and versions_follow_one_another on history

@@ -81,23 +81,42 @@ def test_the_history_checks_name_each_fault_they_counted_and_only_those() -> Non
     assert history_mismatch(mismatch) == "1 open version(s) that differ from current, 1 key(s) with two open versions"
 
 
-def test_the_keys_check_names_each_finding_and_whether_a_generation_repairs_it() -> None:
-    """Its findings in current are repaired by the generation the rehydration sensor
-    starts; those in the changelog are not, and the description says what to do instead."""
+def test_the_keys_checks_name_each_finding_and_whether_a_generation_repairs_it() -> None:
+    """Findings in current (the blocking ``keys`` check) are repaired by the generation the
+    rehydration sensor starts; those in the topic and the changelog (``changelog_keys``)
+    are not, and its description says what to do instead."""
     from cdc_platform.lake.checks import KeysReport
-    from cdc_platform.orchestration.metadata import keys_check_description
+    from cdc_platform.orchestration.metadata import changelog_keys_check_description, keys_check_description
 
-    assert keys_check_description(KeysReport(rows=5, null_keys=0, duplicate_keys=0, sample=[]), "s.p.t") is None
-    current = keys_check_description(KeysReport(rows=5, null_keys=0, duplicate_keys=2, sample=[]), "s.p.t")
-    assert current == (
+    clean = KeysReport(rows=5, null_keys=0, duplicate_keys=0, sample=[])
+    assert keys_check_description(clean, "s.p.t") is None and changelog_keys_check_description(clean, "s.p.t") is None
+    current = KeysReport(rows=5, null_keys=0, duplicate_keys=2, sample=[])
+    assert keys_check_description(current, "s.p.t") == (
         "2 key(s) twice in current. Fix: current is rebuilt by a new generation, which the rehydration sensor "
         "starts (s.p.t)."
     )
+    assert not current.current_passed and current.changelog_passed
     doubled = KeysReport(rows=5, null_keys=0, duplicate_keys=0, sample=[], changelog_records_twice=1)
-    described = keys_check_description(doubled, "s.p.t")
+    assert doubled.current_passed and not doubled.changelog_passed and not doubled.passed
+    assert keys_check_description(doubled, "s.p.t") is None
+    described = changelog_keys_check_description(doubled, "s.p.t")
     assert described is not None and described.startswith("1 Kafka record(s) twice in the changelog. Fix: ")
     assert "dropDuplicates" in described and described.endswith("none is started.")
-    assert "key(s) twice in current" not in described and "another producer" not in described
+    assert "another producer" not in described
+
+
+def test_only_current_s_own_keys_block_what_reads_current() -> None:
+    """A record twice in the changelog or a foreign Kafka key leaves current right (each
+    record is applied once, by its position): that check warns the changelog's readers and
+    does not stop current's downstream assets."""
+    from cdc_platform.config.model import TableConfig
+    from cdc_platform.orchestration.assets.current import check_specs
+    from cdc_platform.orchestration.keys import CHANGELOG_KEYS_CHECK, KEYS_CHECK, SCHEMA_CHECK
+
+    table = TableConfig(name="s.p.t")
+    blocking = {spec.name: spec.blocking for spec in check_specs(table)}
+    assert blocking[KEYS_CHECK] and blocking[SCHEMA_CHECK]
+    assert blocking[CHANGELOG_KEYS_CHECK] is False
 
 
 def test_completeness_over_its_dead_letter_threshold_says_what_a_generation_does_and_does_not() -> None:
