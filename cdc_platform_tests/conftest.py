@@ -27,6 +27,9 @@ from cdc_platform.devtools.stack.stack import load_stack_env
 pytest_plugins = ["cdc_platform_tests.sigterm"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# the stack the tests run against: ``test``, or ``serial`` for the tests that restart its
+# services, which scripts/test.sh runs on a stack of their own beside the others
+TEST_PROFILE = os.environ.get("CDC_TEST_PROFILE", "test")
 INTEGRATION_DIRS = ("integration", "spark", "dagster")
 SERVICE_FIXTURES = {"stack", "demo_db", "spark", "demo_config_path", "capture_password", "connect"}
 
@@ -98,14 +101,14 @@ def no_secret_in_anything_the_suite_wrote(tmp_path_factory: pytest.TempPathFacto
     secrets = [os.environ[name].encode() for name in names if os.environ.get(name)]
     if not secrets:
         return  # no stack was used (the fast layer)
-    profile = PROFILES["test"]
+    profile = PROFILES[TEST_PROFILE]
     leaks = _files_holding([tmp_path_factory.getbasetemp(), profile.logs], secrets, skip={profile.env_file})
     assert not leaks, "a password was written where it must never be:\n" + "\n".join(leaks[:20])
 
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[StackProfile]:
-    profile = PROFILES["test"]
+    profile = PROFILES[TEST_PROFILE]
     with _one_worker_at_a_time(profile, "stack"):
         already_up = {name for name, state in stack_status(profile).items() if state.startswith("up")}
         try:

@@ -21,7 +21,9 @@ def register(sub: Any) -> None:
         ("status", "show what runs"),
     ):
         p = dev_sub.add_parser(action, help=helptext)
-        p.add_argument("--profile", default="dev", help="dev (the demo, default) or test (the test suite)")
+        p.add_argument(
+            "--profile", default="dev", help="dev (the demo, default), test (the test suite), serial (its serial tests)"
+        )
         command(p, _dev, needs_config=False)
     _register_faults(sub)
     _register_demo(sub)

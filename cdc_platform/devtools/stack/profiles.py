@@ -1,5 +1,6 @@
-"""Stack profiles: the demo's ``dev`` stack and the test suite's ``test`` stack never share
-ports or data, so running the tests cannot disturb a demo that is up."""
+"""Stack profiles: the demo's ``dev`` stack and the test suite's ``test`` and ``serial``
+stacks never share ports or data, so running the tests cannot disturb a demo that is up,
+and the serial tests (which restart Kafka and PostgreSQL) cannot disturb the others."""
 
 from __future__ import annotations
 
@@ -64,6 +65,17 @@ PROFILES = {
         controller_port=9193,
         mariadb_port=3308,
         connect_port=8183,
+        pg_fsync=False,
+    ),
+    # the serial tests' own stack: they restart its services, so they run beside the rest
+    # of the suite instead of after it (scripts/test.sh; CDC_TEST_PROFILE selects it)
+    "serial": StackProfile(
+        "serial",
+        pg_port=5435,
+        kafka_port=9292,
+        controller_port=9293,
+        mariadb_port=3309,
+        connect_port=8283,
         pg_fsync=False,
     ),
 }
