@@ -1,4 +1,4 @@
-"""Commands on the pipeline: config check, snapshot, rehydrate, current, verify."""
+"""Commands on the pipeline: config check, snapshot, rehydrate, current, verify, dead-letters."""
 
 from __future__ import annotations
 
@@ -48,6 +48,17 @@ def register(sub: Any) -> None:
         help="attempts per table when a round cannot compare (a truncate or a new generation in flight)",
     )
     command(ver, verify)
+
+    dead = sub.add_parser(
+        "dead-letters", help="tables' dead letters: how many, where and why; --examined marks them examined"
+    )
+    dead.add_argument("tables", nargs="*", help="source.schema.table … (default: every table)")
+    dead.add_argument(
+        "--examined",
+        action="store_true",
+        help="mark every dead letter the tables hold now as examined: the completeness check counts only newer ones",
+    )
+    command(dead, dead_letters)
 
 
 def _table_arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,3 +150,29 @@ def verify(args: argparse.Namespace, loaded: Loaded) -> int:
     verdicts = verify_tables(context, lake_tables, args.timeout, args.rounds, args.parallel)  # one timeout for all
     print(format_verdicts(verdicts))
     return 0 if all(v.ok for v in verdicts) else 1
+
+
+def dead_letters(args: argparse.Namespace, loaded: Loaded) -> int:
+    from datetime import UTC, datetime
+
+    from cdc_platform.lake.dead_letters import count_dead_letters, marks_for_present
+    from cdc_platform.lake.ledger import Ledger
+    from cdc_platform.lake.tables import lake_table
+
+    config = loaded.config
+    ledger = Ledger(config.lake.root)
+    for table in (lake_table(config, t) for t in selected_tables(config, args.tables, not args.tables)):
+        if args.examined:
+            marks = marks_for_present(table.dead_letters_path, datetime.now(UTC))
+            ledger.mark_dead_letters_examined(table.key, marks)
+        counts = count_dead_letters(table.dead_letters_path, ledger.dead_letters_examined(table.key))
+        print(
+            f"{table.key}: {counts.total} dead letter(s), {counts.examined} examined, "
+            f"{counts.total - counts.examined} not (errors.dead_letter_threshold="
+            f"{table.config.errors.dead_letter_threshold} per changelog partition)"
+        )
+        for partition, count in counts.unexamined_by_partition.items():
+            print(f"  changelog partition {partition}: {count} not examined")
+        for line in counts.sample:
+            print(f"  {line}")
+    return 0

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, cast
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.changelog import copies_of_each_record
 from cdc_platform.lake.compare import SAMPLE, compare_at_one_read, key_samples, keys_only_in, repeated_keys
+from cdc_platform.lake.dead_letters import count_dead_letters
 from cdc_platform.lake.lake_types import lake_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.snapshot import read_jdbc
@@ -196,8 +197,8 @@ def pandera_errors(frame: DataFrame, nullable: dict[str, bool], keys: list[str])
 class CompletenessReport:
     holes: list[str]
     offsets_missing: int
-    dead_letters: int
-    max_dead_letters_per_window: int
+    dead_letters: int  # not marked examined (cdc-platform dead-letters --examined)
+    max_dead_letters_per_window: int  # of those, the most in one changelog partition
     dead_letter_threshold: int
     compared: bool
     compare_note: str
@@ -217,6 +218,7 @@ class CompletenessReport:
     source_changes: int | None = None
     topic_events: int | None = None
     unfed: str = ""
+    dead_letters_examined: int = 0
 
     def description(self, table: str, polled: bool) -> str | None:
         """What the check's result says beside its numbers: the cause and the fix."""
@@ -235,12 +237,13 @@ class CompletenessReport:
             )
         if self.max_dead_letters_per_window > self.dead_letter_threshold:
             return (
-                f"{self.dead_letters} dead letter(s), at most {self.max_dead_letters_per_window} in one changelog "
-                f"partition (errors.dead_letter_threshold={self.dead_letter_threshold}): records that could not be "
-                "decoded, kept with their raw bytes in the table's dead-letter table. The changes they carried reach "
+                f"{self.dead_letters} dead letter(s) not examined, at most {self.max_dead_letters_per_window} in one "
+                f"changelog partition (errors.dead_letter_threshold={self.dead_letter_threshold}): records that could "
+                "not be decoded, kept with their raw bytes in the table's dead-letter table. Examine them "
+                f"(cdc-platform dead-letters {table} lists where and why), then mark them examined (cdc-platform "
+                f"dead-letters {table} --examined): the check counts only newer ones. The changes they carried reach "
                 "current by a new generation (the rehydration sensor starts one when the row comparison finds "
-                f"current differing; or cdc-platform rehydrate {table}), which does not remove them: the check fails "
-                "until the threshold allows them, so raise it once they are examined"
+                f"current differing; or cdc-platform rehydrate {table})"
             )
         if self.passed and self.deleted_in_source:
             return (
@@ -277,10 +280,10 @@ def check_completeness(
     start = watermark.kafka_end_offsets if watermark else {}
     ranges = [r.offsets for rs in ledger.windows(table.key).values() for r in rs]
     coverage = walk(start, ranges)
-    dead, worst = _dead_letters(spark, table)
+    dead = count_dead_letters(table.dead_letters_path, ledger.dead_letters_examined(table.key))
     report = CompletenessReport(
-        [h.describe() for h in coverage.holes], coverage.offsets_missing, dead, worst,
-        table.config.errors.dead_letter_threshold, False, "",
+        [h.describe() for h in coverage.holes], coverage.offsets_missing, dead.total - dead.examined,
+        dead.worst_partition, table.config.errors.dead_letter_threshold, False, "", dead_letters_examined=dead.examined,
     )  # fmt: skip
     if source.capabilities.sees_hard_deletes:
         written = source.rows_written(table.config)  # before the read: the wait below covers it
@@ -313,15 +316,6 @@ def check_feed(
         report.unfed = f"topic {table.topic} is not fed: {verdict.describe(before.at)}; {cause}"
     elif captured and (before is None or (before.source_changes, dict(before.topic_end)) != (written, now.topic_end)):
         ledger.record_feed(table.key, now)
-
-
-def _dead_letters(spark: SparkSession, table: LakeTable) -> tuple[int, int]:
-    from delta.tables import DeltaTable
-
-    if not DeltaTable.isDeltaTable(spark, table.dead_letters_path):
-        return 0, 0
-    per_window = spark.read.format("delta").load(table.dead_letters_path).groupBy("window_start").count().collect()
-    return sum(int(r["count"]) for r in per_window), max((int(r["count"]) for r in per_window), default=0)
 
 
 def _reconcile_polled(

@@ -14,7 +14,9 @@ Append-only Delta tables under ``<lake>/_ledger/``, read and written with delta-
 * ``batches`` — the stream apply's micro-batches, planned before their data is written;
 * ``leases`` — who applies a source (``model.leases``: one stream apply per source);
 * ``chunks`` — an incremental generation's plan and the chunks it has written
-  (``model.chunks``: a generation run again resumes after them).
+  (``model.chunks``: a generation run again resumes after them);
+* ``examined`` — dead letters marked examined, per topic partition
+  (``model.dead_letters``: the completeness check counts only the others).
 
 Appends only, so concurrent writers never lose each other (a commit that loses a race,
 e.g. two writers creating a table at once, is written again): the state is the fold of the rows
@@ -40,6 +42,7 @@ import pyarrow.compute as pc
 
 from cdc_platform.model.chunks import ChunkPlan, ChunkProgress
 from cdc_platform.model.coverage import OffsetRange
+from cdc_platform.model.dead_letters import ExaminedMark, latest_marks
 from cdc_platform.model.errors import RetriableError
 from cdc_platform.model.feeds import FeedObservation
 from cdc_platform.model.generations import Generation, GenerationEvent, GenerationStatus, Watermark, fold
@@ -100,6 +103,10 @@ SCHEMAS: dict[str, pa.Schema] = {
     "chunks": pa.schema(
         [("table", pa.string()), ("generation", pa.string()), ("kind", pa.string()), ("chunk", pa.int32()),
          ("plan", pa.string()), ("at", _TS)]
+    ),
+    "examined": pa.schema(
+        [("table", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("through_offset", pa.int64()),
+         ("at", _TS)]
     ),
 }  # fmt: skip
 
@@ -267,6 +274,22 @@ class Ledger:
         row = max(rows, key=lambda r: r["at"])
         ends = {int(p): int(o) for p, o in json.loads(row["topic_end"]).items()}
         return FeedObservation(row["at"], int(row["source_changes"]), ends, confirmed=True)
+
+    # ------------------------------------------------------------ dead letters examined
+
+    def mark_dead_letters_examined(self, table: str, marks: Iterable[ExaminedMark]) -> None:
+        rows = [
+            {"table": table, "topic": m.topic, "partition": m.partition, "through_offset": m.through_offset, "at": m.at}
+            for m in marks
+        ]  # fmt: skip
+        self._append("examined", rows)
+
+    def dead_letters_examined(self, table: str) -> dict[tuple[str, int], ExaminedMark]:
+        """Each topic partition's newest mark."""
+        return latest_marks(
+            ExaminedMark(r["topic"], int(r["partition"]), int(r["through_offset"]), r["at"])
+            for r in self._rows("examined", table)
+        )
 
     # ------------------------------------------------------------ leases
 

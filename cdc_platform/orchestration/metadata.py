@@ -348,6 +348,7 @@ def completeness_check_metadata(report: CompletenessReport, dropped_by_generatio
         "offsets_missing": dg.MetadataValue.int(report.offsets_missing),
         "holes": dg.MetadataValue.json(report.holes[:10]),
         "dead_letters": dg.MetadataValue.int(report.dead_letters),
+        "dead_letters_examined": dg.MetadataValue.int(report.dead_letters_examined),
         "max_dead_letters_per_window": dg.MetadataValue.int(report.max_dead_letters_per_window),
         "dead_letter_threshold": dg.MetadataValue.int(report.dead_letter_threshold),
         "reconciled": dg.MetadataValue.bool(report.compared),

@@ -8,7 +8,9 @@ PostgreSQL, Kafka, Spark, Delta; delta-rs and DuckDB as the other engines):
   letters) reads the same, row for row, in Spark, delta-rs (``to_pyarrow_table``; its
   query engine for current, whose deletion vectors that reader refuses) and
   DuckDB's delta extension: timestamps as TIMESTAMP_MICROS, column mapping only where a
-  name needs it."""
+  name needs it;
+* a dead letter fails completeness (threshold 0) until ``cdc-platform dead-letters
+  --examined`` marks it, and one that arrives later fails it again."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from cdc_platform.cli.main import main
 from cdc_platform.devtools.lake import Lake
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 from cdc_platform_tests.spark.readers import delta_rs
@@ -51,7 +54,7 @@ SHIFT = 100  # the changelog rows: ids SHIFT + case
 def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
     for env in make_capture_env(demo_db, tmp_path, DDL, ["moments"]):
         env.configure_table("moments", "changelog: {grace_s: 0}")
-        env.configure_table("moments", "errors: {tolerance: all, dead_letter_threshold: 1}")
+        env.configure_table("moments", "errors: {tolerance: all}")  # dead_letter_threshold 0
         env.configure_table("moments", "history: true")
         yield env
 
@@ -107,11 +110,16 @@ def test_dates_and_instants_agree_across_paths_and_engines(env: CaptureEnv, spar
     from pyspark.sql import functions as F
 
     with env.running_capture():
+        unexamined = lake.completeness(key)
+        assert main(["dead-letters", key, "--examined", "--config", str(env.config_path)]) == 0
         clean = lake.completeness(key)
         shifted = F.when(F.col("id") == 0, F.date_add("d", 10)).otherwise(F.col("d"))
         lake.replace_current(key, lambda current: current.withColumn("d", shifted))
         broken = lake.completeness(key)
+    assert not unexamined.passed and (unexamined.dead_letters, unexamined.max_dead_letters_per_window) == (1, 1)
+    assert "--examined" in (unexamined.description(key, polled=False) or "")
     assert clean.passed and clean.compared and clean.compared_rows == 2 * len(CASES), clean.compare_note
+    assert (clean.dead_letters, clean.dead_letters_examined) == (0, 1)
     assert not broken.passed and (broken.differing, broken.sample) == (1, ['differs {"id": 0}'])
 
     # 3. every table type reads the same in Spark, delta-rs and DuckDB
@@ -124,6 +132,17 @@ def test_dates_and_instants_agree_across_paths_and_engines(env: CaptureEnv, spar
         assert in_spark, kind
         assert _rows(_delta_rs(path)) == in_spark, f"{kind}: delta-rs reads other values than Spark"
         assert _rows(_duckdb(path)) == in_spark, f"{kind}: DuckDB reads other values than Spark"
+
+    # 4. a dead letter after the examination counts again
+    t1 = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+    producer.produce(env.topic("moments"), key=b'{"id":998}', value=b"not json either", partition=0)
+    assert producer.flush(10) == 0
+    time.sleep(1.1)
+    assert lake.window(key, t1, datetime.now(UTC).replace(microsecond=0)).dead_letters == 1
+    with env.running_capture():
+        again = lake.completeness(key)
+    assert (again.dead_letters, again.dead_letters_examined, again.max_dead_letters_per_window) == (1, 1, 1)
+    assert (again.description(key, polled=False) or "").startswith("1 dead letter(s) not examined")
 
 
 def _delta_rs(path: str) -> list[dict[str, Any]]:

@@ -128,6 +128,9 @@ def test_completeness_over_its_dead_letter_threshold_says_what_a_generation_does
     described = over.description("s.p.t", polled=False)
     assert not over.passed and described is not None
     assert described.startswith(
-        "5 dead letter(s), at most 4 in one changelog partition (errors.dead_letter_threshold=3)"
+        "5 dead letter(s) not examined, at most 4 in one changelog partition (errors.dead_letter_threshold=3)"
     )
-    assert "cdc-platform rehydrate s.p.t" in described and "raise it once they are examined" in described
+    # the fix is to examine them and say so, not to raise the threshold (which would let as
+    # many new ones pass unseen in every partition from then on)
+    assert "cdc-platform dead-letters s.p.t --examined" in described and "raise" not in described
+    assert "cdc-platform rehydrate s.p.t" in described
