@@ -144,11 +144,20 @@ def current_metadata(
         metadata["offsets_behind"] = dg.MetadataValue.int(offsets_behind)
     if result.last_source_ts is not None:
         metadata["last_source_commit"] = dg.MetadataValue.timestamp(result.last_source_ts)
-        lag = (datetime.now(UTC) - result.last_source_ts).total_seconds()
-        metadata["freshness_lag_s"] = dg.MetadataValue.float(0.0 if offsets_behind == 0 else lag)
-    elif offsets_behind == 0:
-        metadata["freshness_lag_s"] = dg.MetadataValue.float(0.0)
+    lag = freshness_lag_s(result, offsets_behind)
+    if lag is not None:
+        metadata["freshness_lag_s"] = dg.MetadataValue.float(lag)
     return metadata
+
+
+def freshness_lag_s(result: CurrentResult, offsets_behind: int | None) -> float | None:
+    """How far current is behind the source: 0 when caught up (however old its last change),
+    else the age of the newest change it holds; None when neither is known."""
+    if offsets_behind == 0:
+        return 0.0
+    if result.last_source_ts is None:
+        return None
+    return (datetime.now(UTC) - result.last_source_ts).total_seconds()
 
 
 def changelog_day_metadata(day: ChangelogDay) -> Metadata:

@@ -4,8 +4,12 @@ explodes.
 
 * **current (and history)**: frontier, applied position, rows, changes applied since the
   last report, offsets behind and freshness lag; at most once a minute per table while it
-  applies, at once after a rebuild, and every five minutes for a table that had nothing
-  to apply (so its freshness policy sees it is caught up, not stale);
+  applies, at once after a rebuild, and every two minutes for a table that had nothing
+  to apply (so its freshness policy sees it is caught up, not stale). A report is a
+  *materialization* only while current is within ``FRESH_WITHIN_S`` of the source (or
+  caught up); further behind it is an *observation* with the same numbers. Dagster's
+  freshness policy looks at the last materialization's time alone: a table applying
+  batches an hour behind was materialized every minute, and its policy passed;
 * **changelog**: the day's partition (created when the apply writes its first batch),
   with the offsets, batches, events by op and dead letters of the day so far, at most
   once a minute per table; when the UTC day is over, the sealed day at once (its ranges
@@ -33,17 +37,28 @@ from cdc_platform.orchestration.metadata import (
     current_metadata,
     day_check_description,
     day_check_metadata,
+    freshness_lag_s,
     history_metadata,
 )
 from cdc_platform.orchestration.partitions import changelog_days_partitions, day_partition_key
 
 log = logging.getLogger("cdc_platform.apply")
 
-REPORT_EVERY_S = 60.0  # at most one materialization per table and asset per minute
-IDLE_REPORT_EVERY_S = 300.0  # a table with nothing to apply: its position, every five minutes
+REPORT_EVERY_S = 60.0  # at most one report per table and asset per minute
+# a table with nothing to apply: its position, within the freshness policy's warn window
+IDLE_REPORT_EVERY_S = 120.0
+# current this close to the source is fresh: its report is a materialization, which is what
+# the freshness policy counts (further behind, an observation)
+FRESH_WITHIN_S = 60.0
 
 # per table: where current stands and how many offsets it was behind (StreamApply.positions)
 Positions = Callable[[], Mapping[str, tuple[CurrentPosition, int | None]]]
+
+
+def is_fresh(result: CurrentResult, offsets_behind: int | None) -> bool:
+    """Current within ``FRESH_WITHIN_S`` of the source, caught up, or its lag unknown."""
+    lag = freshness_lag_s(result, offsets_behind)
+    return lag is None or lag <= FRESH_WITHIN_S
 
 
 class RunlessReporter:
@@ -60,7 +75,7 @@ class RunlessReporter:
         positions: Positions = dict,
         idle_every_s: float = IDLE_REPORT_EVERY_S,
         formats: Mapping[str, Callable[[int], str]] | None = None,
-        emit: Callable[[dg.AssetMaterialization], None] | None = None,
+        emit: Callable[[dg.AssetMaterialization | dg.AssetObservation], None] | None = None,
     ) -> None:
         """``position`` formats source positions (LSNs, a polled database's clock); ``formats``
         overrides it per source when one apply applies several. ``emit``: where events go
@@ -73,6 +88,7 @@ class RunlessReporter:
         self.positions, self.idle_every_s = positions, idle_every_s
         self.tables = {t.key: t for t in tables}
         self.last: dict[str, float] = {}  # per table: the last report of current
+        self.behind: set[str] = set()  # tables whose last report was further behind than FRESH_WITHIN_S
         self.last_day: dict[str, float] = {}  # per table: the last report of its changelog day
         self.changes_since: dict[str, int] = {}
         self.days: dict[str, ChangelogDay] = {}  # per table: the day being filled
@@ -97,7 +113,11 @@ class RunlessReporter:
         key = item.table
         self.changes_since[key] = self.changes_since.get(key, 0) + item.current.changes_applied
         now = self.clock()
-        if not item.current.rebuilt and now - self.last.get(key, -float("inf")) < self.every_s:
+        due = item.current.rebuilt or now - self.last.get(key, -float("inf")) >= self.every_s
+        # back within reach of the source after a report that was behind: at once, so the
+        # freshness policy turns green when current does, not a throttle period later
+        caught_up = key in self.behind and is_fresh(item.current, item.offsets_behind)
+        if not (due or caught_up):
             return
         self._report_current(key, item.current, self.changes_since.pop(key), item.offsets_behind)
         self.last[key] = now
@@ -133,9 +153,12 @@ class RunlessReporter:
             "changes_applied": dg.MetadataValue.int(changes),
             "engine": dg.MetadataValue.text("stream"),
         }
-        self.emit(dg.AssetMaterialization(asset_key=current_asset_key(config), metadata=metadata))
+        fresh = is_fresh(result, offsets_behind)
+        (self.behind.discard if fresh else self.behind.add)(key)
+        event = dg.AssetMaterialization if fresh else dg.AssetObservation
+        self.emit(event(asset_key=current_asset_key(config), metadata=metadata))
         if result.history is not None:
-            self.emit(dg.AssetMaterialization(asset_key=history_asset_key(config), metadata=history_metadata(result)))
+            self.emit(event(asset_key=history_asset_key(config), metadata=history_metadata(result)))
 
     # ------------------------------------------------------------ changelog days
 

@@ -195,6 +195,59 @@ def test_a_running_apply_reports_current_to_dagster_at_most_once_a_minute(tmp_pa
         assert len(events()) == 3
 
 
+def test_current_far_behind_the_source_is_observed_not_materialized(tmp_path: Path) -> None:
+    """The freshness policy judges the last materialization's time alone. A table applying
+    batches an hour behind the source was materialized every minute, so its policy passed:
+    green while current was an hour old. Now only a report within a minute of the source
+    (or caught up) is a materialization; one further behind is an observation with its lag."""
+    from datetime import UTC, datetime, timedelta
+
+    import dagster as dg
+
+    from cdc_platform.lake.apply import TableApplied
+    from cdc_platform.lake.current import CurrentResult
+    from cdc_platform.lake.tables import lake_table
+    from cdc_platform.orchestration.reporting import RunlessReporter
+
+    config = load_config(_config(tmp_path, "    apply: {engine: stream}"))
+    table = lake_table(config, config.tables[0])
+    key, now = dg.AssetKey(["shop", "orders"]), [0.0]
+
+    def applied(behind_s: float, offsets_behind: int) -> list[TableApplied]:
+        newest_change = datetime.now(UTC) - timedelta(seconds=behind_s)
+        result = CurrentResult("g1", False, 50, 10, {0: 5}, 123, newest_change, 0.1)
+        return [TableApplied(table.key, batch="b", current=result, offsets_behind=offsets_behind)]
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        report = RunlessReporter(instance, [table], position=str, clock=lambda: now[0])
+        for minute in range(3):  # catching up a backlog, an hour behind
+            now[0] = 60.0 * minute
+            report(applied(3600 - 60 * minute, offsets_behind=50_000))
+        assert instance.fetch_materializations(key, limit=10).records == []
+        observed = instance.fetch_observations(key, limit=10).records
+        assert len(observed) == 3
+        lag = observed[0].asset_observation.metadata["freshness_lag_s"].value  # type: ignore[union-attr]
+        assert isinstance(lag, float) and lag >= 3480
+        now[0] = 130.0  # within seconds of the source again: shown at once, not a throttle period later
+        report(applied(8, offsets_behind=40))
+        assert len(instance.fetch_materializations(key, limit=10).records) == 1
+        now[0] = 140.0
+        report(applied(3, offsets_behind=2))  # fresh, and throttled as before
+        assert len(instance.fetch_materializations(key, limit=10).records) == 1
+
+
+def test_an_idle_table_is_reported_within_its_freshness_warn_window() -> None:
+    """A caught-up table with nothing to apply is materialized every ``IDLE_REPORT_EVERY_S``:
+    at five minutes, against a three-minute warn window, a quiet table warned as stale two
+    minutes in every five."""
+    from cdc_platform.orchestration.assets.current import STREAMED_FRESHNESS
+    from cdc_platform.orchestration.reporting import IDLE_REPORT_EVERY_S, REPORT_EVERY_S
+
+    warn = STREAMED_FRESHNESS.warn_window
+    assert warn is not None
+    assert REPORT_EVERY_S < IDLE_REPORT_EVERY_S < warn.to_timedelta().total_seconds()
+
+
 def _lease(holder: str, state: str, at_s: float, host: str = "h1", pid: int = 1) -> Any:
     from datetime import UTC, datetime, timedelta
 
@@ -315,7 +368,7 @@ def test_a_running_apply_reports_each_changelog_day_and_seals_it_and_idle_tables
         failed = _day_checks(instance, changelog)[0]
         assert failed[:2] == ("2026-11-26", False) and "2 record(s) twice" in str(failed[2])
         assert "dropDuplicates on kafka_partition, kafka_offset" in str(failed[2])
-        # a table with nothing to apply is reported every five minutes, caught up: not stale
+        # a table with nothing to apply is reported every two minutes, caught up: not stale
         now[0] = 400.0
         report([])
         current = instance.fetch_materializations(dg.AssetKey(["shop", "orders"]), limit=10).records

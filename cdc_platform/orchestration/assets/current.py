@@ -68,8 +68,9 @@ STREAMED_CHECKS_CRON = "*/10 * * * *"
 STREAMED_AUTOMATION = dg.AutomationCondition.on_cron(STREAMED_CHECKS_CRON).with_label(
     "checks every 10 minutes (the stream apply writes current)"
 )
-# the stream apply reports a streamed current at least every five minutes (every minute while
-# it applies): no report for 10 minutes means the apply is down or stuck
+# the stream apply materializes a streamed current every minute while it applies within a
+# minute of the source, every two minutes when caught up (orchestration.reporting): no
+# materialization for 10 minutes means the apply is down, stuck or behind
 STREAMED_FRESHNESS = dg.FreshnessPolicy.time_window(fail_window=timedelta(minutes=10), warn_window=timedelta(minutes=3))
 
 
