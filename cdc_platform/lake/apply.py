@@ -106,6 +106,7 @@ class TableApplied:
     current: CurrentResult | None = None
     sealed: ChangelogDay | None = None  # the changelog's previous day, closed by this pass
     offsets_behind: int | None = None  # Kafka offsets not applied yet, as the pass read the topic (0: caught up)
+    catch_up_eta_s: float | None = None  # offsets_behind at the table's rate since its previous batch
     duration_s: float = 0.0
 
 
@@ -151,6 +152,7 @@ class TableState:
     current_checked: bool = False  # apply_current confirmed current (rebuilt, caught up) in this process
     sealed_day: str | None = None  # the last changelog day this process sealed
     offsets_behind: int | None = None  # after this process's last pass of the table
+    last_batch_done: float | None = None  # monotonic time this process finished the table's last batch
 
 
 def load_state(ledger: Ledger, table: LakeTable, committed: Generation) -> TableState:
@@ -418,6 +420,11 @@ class StreamApply:
         finally:
             decoded.release()
         state.offsets_behind = applied.offsets_behind = behind(state.recorded, {p: h for p, (_, h) in marks.items()})
+        finished = time.monotonic()
+        if state.last_batch_done is not None:
+            interval = finished - state.last_batch_done
+            applied.catch_up_eta_s = catch_up_eta_s(applied.offsets_behind, batch.offsets, interval)
+        state.last_batch_done = finished
         return self._finish(applied, started)
 
     def _merge(
@@ -532,6 +539,15 @@ def _offsets(frontier: dict[int, int]) -> dict[int, int]:
     return {p: o for p, o in frontier.items() if o}
 
 
+def catch_up_eta_s(offsets_behind: int | None, offsets_applied: int, interval_s: float) -> float | None:
+    """Seconds to apply ``offsets_behind`` at the rate of the table's last batch: its offsets
+    over the time since the batch before it finished (the table's share of the apply, the
+    other tables' batches included). None when the rate or the backlog is unknown."""
+    if offsets_behind is None or offsets_applied <= 0 or interval_s <= 0:
+        return None
+    return round(offsets_behind * interval_s / offsets_applied, 1)
+
+
 def describe(applied: TableApplied) -> str:
     """One log line: what the batch held and where current stands."""
     parts = [applied.table]
@@ -556,4 +572,7 @@ def describe(applied: TableApplied) -> str:
             + (f", rebuilt from {current.generation}" if current.rebuilt else "")
             + (f", {lag:.1f} s behind the source" if lag is not None else "")
         )
+    if applied.offsets_behind:  # a backlog (a restart after a pause): how much is left, and when it is done
+        eta = applied.catch_up_eta_s
+        parts.append(f"{applied.offsets_behind} offsets to apply" + (f", about {eta:.0f} s" if eta is not None else ""))
     return "; ".join(parts) + f" [{applied.duration_s:.2f} s]"

@@ -119,7 +119,8 @@ class RunlessReporter:
         caught_up = key in self.behind and is_fresh(item.current, item.offsets_behind)
         if not (due or caught_up):
             return
-        self._report_current(key, item.current, self.changes_since.pop(key), item.offsets_behind)
+        changes = self.changes_since.pop(key)
+        self._report_current(key, item.current, changes, item.offsets_behind, item.catch_up_eta_s)
         self.last[key] = now
 
     def _idle(self, reported: set[str]) -> None:
@@ -145,7 +146,9 @@ class RunlessReporter:
                 log.warning("%s: could not report to Dagster (%s); applying goes on", key, exc)
             self.last[key] = now
 
-    def _report_current(self, key: str, result: CurrentResult, changes: int, offsets_behind: int | None) -> None:
+    def _report_current(
+        self, key: str, result: CurrentResult, changes: int, offsets_behind: int | None, eta_s: float | None = None
+    ) -> None:
         config = self.tables[key].config
         metadata = {
             **current_metadata(result, self.formats.get(config.source, self.position), offsets_behind),
@@ -153,6 +156,8 @@ class RunlessReporter:
             "changes_applied": dg.MetadataValue.int(changes),
             "engine": dg.MetadataValue.text("stream"),
         }
+        if offsets_behind and eta_s is not None:  # a backlog: when the table is expected to catch up
+            metadata["catch_up_eta_s"] = dg.MetadataValue.float(eta_s)
         fresh = is_fresh(result, offsets_behind)
         (self.behind.discard if fresh else self.behind.add)(key)
         event = dg.AssetMaterialization if fresh else dg.AssetObservation

@@ -216,7 +216,8 @@ def test_current_far_behind_the_source_is_observed_not_materialized(tmp_path: Pa
     def applied(behind_s: float, offsets_behind: int) -> list[TableApplied]:
         newest_change = datetime.now(UTC) - timedelta(seconds=behind_s)
         result = CurrentResult("g1", False, 50, 10, {0: 5}, 123, newest_change, 0.1)
-        return [TableApplied(table.key, batch="b", current=result, offsets_behind=offsets_behind)]
+        eta = offsets_behind / 1000  # the table's rate: 1 000 offsets a second
+        return [TableApplied(table.key, batch="b", current=result, offsets_behind=offsets_behind, catch_up_eta_s=eta)]
 
     with dg.DagsterInstance.ephemeral() as instance:
         report = RunlessReporter(instance, [table], position=str, clock=lambda: now[0])
@@ -226,14 +227,33 @@ def test_current_far_behind_the_source_is_observed_not_materialized(tmp_path: Pa
         assert instance.fetch_materializations(key, limit=10).records == []
         observed = instance.fetch_observations(key, limit=10).records
         assert len(observed) == 3
-        lag = observed[0].asset_observation.metadata["freshness_lag_s"].value  # type: ignore[union-attr]
+        newest = observed[0].asset_observation.metadata  # type: ignore[union-attr]
+        lag = newest["freshness_lag_s"].value
         assert isinstance(lag, float) and lag >= 3480
+        assert (newest["offsets_behind"].value, newest["catch_up_eta_s"].value) == (50_000, 50.0)
         now[0] = 130.0  # within seconds of the source again: shown at once, not a throttle period later
         report(applied(8, offsets_behind=40))
         assert len(instance.fetch_materializations(key, limit=10).records) == 1
         now[0] = 140.0
         report(applied(3, offsets_behind=2))  # fresh, and throttled as before
         assert len(instance.fetch_materializations(key, limit=10).records) == 1
+
+
+def test_a_backlog_is_logged_with_what_is_left_and_when_it_is_done() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from cdc_platform.lake.apply import TableApplied, catch_up_eta_s, describe
+    from cdc_platform.lake.current import CurrentResult
+
+    # 20 000 offsets in the 8 s since the table's previous batch: 2 500/s, so 150 000 left take 60 s
+    assert catch_up_eta_s(150_000, 20_000, 8.0) == 60.0
+    assert catch_up_eta_s(None, 20_000, 8.0) is None and catch_up_eta_s(5, 0, 8.0) is None
+    newest = datetime.now(UTC) - timedelta(minutes=20)
+    result = CurrentResult("g1", False, 20_000, 10, {0: 5}, 123, newest, 3.0)
+    line = describe(TableApplied("s.p.t", current=result, offsets_behind=150_000, catch_up_eta_s=60.0))
+    assert line.endswith("s behind the source; 150000 offsets to apply, about 60 s [0.00 s]"), line
+    caught_up = describe(TableApplied("s.p.t", current=result, offsets_behind=0))
+    assert "offsets to apply" not in caught_up
 
 
 def test_an_idle_table_is_reported_within_its_freshness_warn_window() -> None:
