@@ -17,7 +17,7 @@ import dagster as dg
 import pytest
 
 from cdc_platform.cli.main import main
-from cdc_platform.config import ConfigError
+from cdc_platform.config import ConfigError, load_config
 from cdc_platform.lake.session import PINNED_PACKAGES, jar_settings, session_conf
 from cdc_platform.orchestration.definitions import build_definitions
 from cdc_platform_tests.conftest import REPO_ROOT
@@ -135,6 +135,57 @@ def test_a_streamed_source_is_applied_by_its_stream_not_by_window_runs(
         instance.add_dynamic_partitions(days.name, ["2026-11-25"])
         with pytest.raises(dg.Failure, match=r"written by the stream apply.*cdc-platform apply --source shop"):
             dg.materialize([changelog], partition_key="2026-11-25", resources=defs.resources, instance=instance)
+
+
+def test_a_streamed_current_is_checked_every_ten_minutes_while_only_its_changelog_moves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In continuous mode the stream apply materializes the changelog and current; the
+    snapshot moves only with a new generation. The check cadence was Dagster's
+    ``on_cron``, which also waits for *every* dependency to be updated since the tick, the
+    snapshot included: after the first tick no check run was ever requested, and current's
+    checks stayed unevaluated for the life of the demo. Nor may the apply's own runless
+    materializations count as the tick handled."""
+    from datetime import UTC, datetime
+
+    from dagster._core.test_utils import freeze_time
+
+    from cdc_platform.orchestration.keys import changelog_asset_key, current_asset_key, snapshot_asset_key
+
+    monkeypatch.delenv("CDC_SPARK_JARS_DIR", raising=False)
+    defs = build_definitions(DEMO_CONFIG)  # every demo source streamed
+    table = next(t for t in load_config(DEMO_CONFIG).tables if t.key == "shop.public.customers")
+    current = current_asset_key(table)
+    selection = dg.AssetSelection.assets(current)
+
+    def at(hour: int, minute: int, second: int = 0) -> datetime:
+        return datetime(2026, 11, 28, hour, minute, second, tzinfo=UTC)
+
+    def report(key: dg.AssetKey, partition: str | None = None) -> None:
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=key, partition=partition))
+
+    def requested(when: datetime, cursor: Any) -> tuple[bool, Any]:
+        with freeze_time(when):
+            result = dg.evaluate_automation_conditions(defs, instance, asset_selection=selection, cursor=cursor)
+        return any(r.key == current and r.true_subset.size > 0 for r in result.results), result.cursor
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("shop_customers_generations", ["g1"])
+        instance.add_dynamic_partitions("shop_customers_changelog_days", ["2026-11-28"])
+        with freeze_time(at(9, 55)):  # the first generation, and the apply building current from it
+            report(snapshot_asset_key(table), "g1")
+            report(changelog_asset_key(table), "2026-11-28")
+            report(current)
+        _, cursor = requested(at(9, 56), None)
+        for tick in (10, 20, 30):  # the apply reports every minute, once between the tick and the evaluation
+            for minute in range(tick - 9, tick + 1):
+                with freeze_time(at(10, minute, 15)):
+                    report(changelog_asset_key(table), "2026-11-28")
+                    report(current)
+            due, cursor = requested(at(10, tick, 30), cursor)
+            assert due, f"no check run requested after the 10:{tick} tick"
+            again, cursor = requested(at(10, tick, 45), cursor)
+            assert not again, "requested twice for one tick"
 
 
 def test_jars_come_from_a_setting_with_a_pinned_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -65,9 +65,17 @@ CURRENT_AUTOMATION = (
 # a streamed table's current is written by its source's stream apply; a Dagster run reports
 # where it stands and evaluates the checks on a cadence (never O(table) per micro-batch)
 STREAMED_CHECKS_CRON = "*/10 * * * *"
-STREAMED_AUTOMATION = dg.AutomationCondition.on_cron(STREAMED_CHECKS_CRON).with_label(
-    "checks every 10 minutes (the stream apply writes current)"
-)
+# Not ``on_cron``: it also waits for every dependency to be updated since the tick, and the
+# snapshot moves only with a new generation, so no check run was requested after the first
+# tick. Nor "since last handled": the apply's runless materializations (every minute) would
+# count as the tick handled. A tick stays due until a run is requested for it.
+STREAMED_AUTOMATION = (
+    dg.AutomationCondition.cron_tick_passed(STREAMED_CHECKS_CRON).since(
+        dg.AutomationCondition.newly_requested() | dg.AutomationCondition.initial_evaluation()
+    )
+    & ~dg.AutomationCondition.in_progress()
+    & ~dg.AutomationCondition.missing()  # the apply has built current
+).with_label("checks every 10 minutes (the stream apply writes current)")
 # the stream apply materializes a streamed current every minute while it applies within a
 # minute of the source, every two minutes when caught up (orchestration.reporting): no
 # materialization for 10 minutes means the apply is down, stuck or behind
