@@ -14,6 +14,7 @@ COMPLETENESS_CHECK = "completeness"
 HISTORY_CHECK = "open_versions_match_current"
 HISTORY_CHAIN_CHECK = "versions_follow_one_another"
 DAY_CHECK = "every_offset_once"  # a streamed changelog's day, per partition
+FRESH_CHECK = "fresh"  # a streamed current within a minute of the source (not blocking)
 
 # run tags
 TAG_TABLE = "cdc/table"

@@ -150,6 +150,38 @@ def current_metadata(
     return metadata
 
 
+FRESH_WITHIN_S = 60.0  # a streamed current this close to the source (or caught up) passes the fresh check
+
+
+def is_fresh(result: CurrentResult, offsets_behind: int | None) -> bool:
+    """Current within ``FRESH_WITHIN_S`` of the source, caught up, or its lag unknown."""
+    lag = freshness_lag_s(result, offsets_behind)
+    return lag is None or lag <= FRESH_WITHIN_S
+
+
+def fresh_check_metadata(result: CurrentResult, offsets_behind: int | None, eta_s: float | None = None) -> Metadata:
+    lag = freshness_lag_s(result, offsets_behind)
+    metadata: Metadata = {"fresh_within_s": dg.MetadataValue.float(FRESH_WITHIN_S)}
+    if lag is not None:
+        metadata["freshness_lag_s"] = dg.MetadataValue.float(round(lag, 1))
+    if offsets_behind is not None:
+        metadata["offsets_behind"] = dg.MetadataValue.int(offsets_behind)
+    if offsets_behind and eta_s is not None:
+        metadata["catch_up_eta_s"] = dg.MetadataValue.float(eta_s)
+    return metadata
+
+
+def fresh_check_description(result: CurrentResult, offsets_behind: int | None, source: str) -> str | None:
+    lag = freshness_lag_s(result, offsets_behind)
+    if lag is None or lag <= FRESH_WITHIN_S:
+        return None
+    return (
+        f"current is {lag:.0f} s behind the source ({offsets_behind} offset(s) not applied), more than "
+        f"{FRESH_WITHIN_S:.0f} s: the stream apply is behind (a backlog; its log and catch_up_eta_s say when it "
+        f"is done) or not running (cdc-platform apply --source {source})"
+    )
+
+
 def freshness_lag_s(result: CurrentResult, offsets_behind: int | None) -> float | None:
     """How far current is behind the source: 0 when caught up (however old its last change),
     else the age of the newest change it holds; None when neither is known."""

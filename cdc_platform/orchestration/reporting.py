@@ -1,15 +1,17 @@
-"""What a running stream apply tells Dagster: runless materializations, throttled, so the
-UI shows every table's state without a run per micro-batch and without an event log that
-explodes.
+"""What a running stream apply tells Dagster: runless events, throttled, so the UI shows
+every table's state without a run per micro-batch and without an event log that explodes.
 
-* **current (and history)**: frontier, applied position, rows, changes applied since the
-  last report, offsets behind and freshness lag; at most once a minute per table while it
-  applies, at once after a rebuild, and every two minutes for a table that had nothing
-  to apply (so its freshness policy sees it is caught up, not stale). A report is a
-  *materialization* only while current is within ``FRESH_WITHIN_S`` of the source (or
-  caught up); further behind it is an *observation* with the same numbers. Dagster's
-  freshness policy looks at the last materialization's time alone: a table applying
-  batches an hour behind was materialized every minute, and its policy passed;
+* **current (and history)**: *observations* with frontier, applied position, rows,
+  changes applied since the last report, offsets behind, freshness lag and, with a
+  backlog, when it is expected to be applied; at most once a minute per table while it
+  applies, at once after a rebuild, and every two minutes for a table that had nothing to
+  apply. With each, current's ``fresh`` check: within ``FRESH_WITHIN_S`` of the source, or
+  caught up; a table back within reach after a report that was behind is reported at once.
+  Observations, not materializations: Dagster counts a check's result only for the
+  materialization it followed, so materializations every minute hid every check result
+  of the 10-minute runs (the asset showed "0 / 4 Passed", a failure vanished within a
+  minute, and ``all_deps_blocking_checks_passed`` never held for a downstream asset).
+  Current is materialized by the run that checks it;
 * **changelog**: the day's partition (created when the apply writes its first batch),
   with the offsets, batches, events by op and dead letters of the day so far, at most
   once a minute per table; when the UTC day is over, the sealed day at once (its ranges
@@ -31,34 +33,32 @@ from cdc_platform.lake.current import CurrentResult
 from cdc_platform.lake.tables import LakeTable
 from cdc_platform.model.state import CurrentPosition
 from cdc_platform.model.windows import changelog_partition
-from cdc_platform.orchestration.keys import DAY_CHECK, changelog_asset_key, current_asset_key, history_asset_key
+from cdc_platform.orchestration.keys import (
+    DAY_CHECK,
+    FRESH_CHECK,
+    changelog_asset_key,
+    current_asset_key,
+    history_asset_key,
+)
 from cdc_platform.orchestration.metadata import (
     changelog_day_metadata,
     current_metadata,
     day_check_description,
     day_check_metadata,
-    freshness_lag_s,
+    fresh_check_description,
+    fresh_check_metadata,
     history_metadata,
+    is_fresh,
 )
 from cdc_platform.orchestration.partitions import changelog_days_partitions, day_partition_key
 
 log = logging.getLogger("cdc_platform.apply")
 
 REPORT_EVERY_S = 60.0  # at most one report per table and asset per minute
-# a table with nothing to apply: its position, within the freshness policy's warn window
-IDLE_REPORT_EVERY_S = 120.0
-# current this close to the source is fresh: its report is a materialization, which is what
-# the freshness policy counts (further behind, an observation)
-FRESH_WITHIN_S = 60.0
+IDLE_REPORT_EVERY_S = 120.0  # a table with nothing to apply: its position (and fresh check)
 
 # per table: where current stands and how many offsets it was behind (StreamApply.positions)
 Positions = Callable[[], Mapping[str, tuple[CurrentPosition, int | None]]]
-
-
-def is_fresh(result: CurrentResult, offsets_behind: int | None) -> bool:
-    """Current within ``FRESH_WITHIN_S`` of the source, caught up, or its lag unknown."""
-    lag = freshness_lag_s(result, offsets_behind)
-    return lag is None or lag <= FRESH_WITHIN_S
 
 
 class RunlessReporter:
@@ -83,7 +83,7 @@ class RunlessReporter:
         self.instance, self.position, self.every_s, self.clock = instance, position, every_s, clock
         self.formats = dict(formats or {})
         self.emit = emit or instance.report_runless_asset_event
-        # a run's log takes materializations only: a sealed day's check is a runless event either way
+        # check evaluations are runless events in both modes (a scheduled run's log takes its asset events)
         self.emit_check: Callable[[dg.AssetCheckEvaluation], None] = instance.report_runless_asset_event
         self.positions, self.idle_every_s = positions, idle_every_s
         self.tables = {t.key: t for t in tables}
@@ -115,7 +115,7 @@ class RunlessReporter:
         now = self.clock()
         due = item.current.rebuilt or now - self.last.get(key, -float("inf")) >= self.every_s
         # back within reach of the source after a report that was behind: at once, so the
-        # freshness policy turns green when current does, not a throttle period later
+        # fresh check turns green when current does, not a throttle period later
         caught_up = key in self.behind and is_fresh(item.current, item.offsets_behind)
         if not (due or caught_up):
             return
@@ -158,12 +158,18 @@ class RunlessReporter:
         }
         if offsets_behind and eta_s is not None:  # a backlog: when the table is expected to catch up
             metadata["catch_up_eta_s"] = dg.MetadataValue.float(eta_s)
+        self.emit(dg.AssetObservation(asset_key=current_asset_key(config), metadata=metadata))
+        if result.history is not None:
+            self.emit(dg.AssetObservation(asset_key=history_asset_key(config), metadata=history_metadata(result)))
         fresh = is_fresh(result, offsets_behind)
         (self.behind.discard if fresh else self.behind.add)(key)
-        event = dg.AssetMaterialization if fresh else dg.AssetObservation
-        self.emit(event(asset_key=current_asset_key(config), metadata=metadata))
-        if result.history is not None:
-            self.emit(event(asset_key=history_asset_key(config), metadata=history_metadata(result)))
+        self.emit_check(
+            dg.AssetCheckEvaluation(
+                asset_key=current_asset_key(config), check_name=FRESH_CHECK, passed=fresh,
+                metadata=fresh_check_metadata(result, offsets_behind, eta_s),
+                description=fresh_check_description(result, offsets_behind, config.source),
+            )
+        )  # fmt: skip
 
     # ------------------------------------------------------------ changelog days
 

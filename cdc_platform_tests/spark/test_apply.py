@@ -490,10 +490,11 @@ def test_a_lake_built_by_windows_goes_on_in_the_stream_with_deletion_vectors(env
         _assert_each_offset_once_and_no_hole(lake, spark, key)
 
 
-def test_a_scheduled_run_applies_what_is_available_and_materializes_each_table(env: CaptureEnv, spark: Any) -> None:
+def test_a_scheduled_run_applies_what_is_available_and_reports_each_table(env: CaptureEnv, spark: Any) -> None:
     """The scheduled mode: the source's Dagster job (what ``apply.schedule`` starts) applies
-    everything Kafka holds and stops; the run materializes current and today's changelog
-    partition of each table, and a continuous apply holding the source makes it fail."""
+    everything Kafka holds and stops; the run materializes today's changelog partition of
+    each table and observes its current (current is materialized by the run that checks it),
+    and a continuous apply holding the source makes it fail."""
     import dagster as dg
 
     from cdc_platform.orchestration.definitions import build_definitions
@@ -510,19 +511,45 @@ def test_a_scheduled_run_applies_what_is_available_and_materializes_each_table(e
     with dg.instance_for_test() as instance:
         result = job.execute_in_process(instance=instance, resources=defs.resources)
         assert result.success
-        materialized = {e.asset_key.path[-1]: e for e in result.get_asset_materialization_events()}
+        materialized = {e.asset_key.path[-1] for e in result.get_asset_materialization_events()}
+        observed = {e.asset_key.path[-1] for e in result.get_asset_observation_events()}
         tables = [key.split(".")[-1] for key in keys]
-        assert set(materialized) == {*tables, "changelog"}  # current of each, and changelog days
+        assert (materialized, observed) == ({"changelog"}, set(tables))  # changelog days; current of each
         days = [e for e in result.get_asset_materialization_events() if e.asset_key.path[-1] == "changelog"]
         assert {e.partition for e in days} == {datetime.now(UTC).strftime("%Y-%m-%d")}
         assert all(e.materialization.metadata["batches"].value >= 1 for e in days)  # type: ignore[union-attr]
         assert_current_equals_source(lake, keys, at_least=20)
+        _the_ten_minute_run_checks_a_streamed_current(env, defs, instance, keys[0])
         with _engine(env, spark) as holder:  # a continuous apply of the source
             holder.run_pass()
             refused = job.execute_in_process(instance=instance, resources=defs.resources, raise_on_error=False)
         assert not refused.success
         failure = next(e for e in refused.all_events if e.is_step_failure)
         assert "already applied by another process" in str(failure.step_failure_data.error)  # type: ignore[union-attr]
+
+
+def _the_ten_minute_run_checks_a_streamed_current(env: CaptureEnv, defs: Any, instance: Any, key: str) -> None:
+    """The run the check cadence starts for a streamed table: it writes nothing, materializes
+    current as the apply left it (a checked version) and evaluates its checks, ``fresh``
+    among them (from the ledger's frontier and the topic's end offsets)."""
+    import dagster as dg
+
+    from cdc_platform.orchestration.keys import FRESH_CHECK, current_asset_key
+
+    current = current_asset_key(env.config.table(key))
+    job = dg.define_asset_job("check_current", selection=dg.AssetSelection.assets(current))
+    run = (
+        dg.Definitions.merge(defs, dg.Definitions(jobs=[job]))
+        .resolve_job_def("check_current")
+        .execute_in_process(instance=instance, raise_on_error=False)
+    )
+    assert run.success
+    assert [e.asset_key for e in run.get_asset_materialization_events()] == [current]
+    verdicts = {e.check_name: e.passed for e in run.get_asset_check_evaluations()}
+    assert verdicts == {FRESH_CHECK: True, "schema_compatible": True, "keys": True, "changelog_keys": True,
+                        "completeness": True}, verdicts  # fmt: skip
+    fresh = next(e for e in run.get_asset_check_evaluations() if e.check_name == FRESH_CHECK)
+    assert fresh.metadata["offsets_behind"].value == 0  # the apply job applied everything there was
 
 
 def test_a_re_applied_batch_finds_its_committed_append_by_the_identity_in_the_commit(

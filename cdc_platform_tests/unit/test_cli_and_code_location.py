@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,58 @@ def test_a_streamed_current_is_checked_every_ten_minutes_while_only_its_changelo
             assert due, f"no check run requested after the 10:{tick} tick"
             again, cursor = requested(at(10, tick, 45), cursor)
             assert not again, "requested twice for one tick"
+
+
+def test_the_apply_keeps_the_checked_version_the_latest_materialization(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dagster counts a check's result only for the materialization it followed. The apply
+    used to materialize current every minute, so within a minute of a check run its results
+    counted for nothing: the asset showed "0 / 4 Passed", a failed check vanished, and a
+    downstream asset waiting for current's blocking checks was never requested. The apply
+    now observes current; the run that checks it materializes it."""
+    from datetime import UTC, datetime
+
+    from cdc_platform.lake.apply import TableApplied
+    from cdc_platform.lake.current import CurrentResult
+    from cdc_platform.lake.tables import lake_table
+    from cdc_platform.orchestration.keys import KEYS_CHECK, SCHEMA_CHECK, current_asset_key
+    from cdc_platform.orchestration.reporting import RunlessReporter
+
+    monkeypatch.delenv("CDC_SPARK_JARS_DIR", raising=False)
+    config = load_config(DEMO_CONFIG)
+    table = next(t for t in config.tables if t.key == "shop.public.orders")
+    current = current_asset_key(table)
+
+    @dg.asset(
+        key=["user", "orders_report"],
+        deps=[current],
+        automation_condition=dg.AutomationCondition.missing()
+        & dg.AutomationCondition.all_deps_blocking_checks_passed(),
+    )
+    def orders_report() -> None: ...
+
+    defs = dg.Definitions.merge(build_definitions(DEMO_CONFIG), dg.Definitions(assets=[orders_report]))
+    report_key = dg.AssetKey(["user", "orders_report"])
+
+    def downstream_requested() -> bool:
+        result = dg.evaluate_automation_conditions(defs, instance, asset_selection=dg.AssetSelection.assets(report_key))
+        return any(r.key == report_key and r.true_subset.size > 0 for r in result.results)
+
+    blocking = [dg.AssetCheckSpec(name, asset=current, blocking=True) for name in (SCHEMA_CHECK, KEYS_CHECK)]
+
+    @dg.multi_asset(specs=[dg.AssetSpec(current)], check_specs=blocking)
+    def checked_current() -> Iterator[Any]:  # what the 10-minute run yields, for this test's purpose
+        yield dg.MaterializeResult(asset_key=current)
+        for spec in blocking:
+            yield dg.AssetCheckResult(asset_key=current, check_name=spec.name, passed=True)
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        assert dg.materialize([checked_current], instance=instance).success  # the check run
+        assert downstream_requested()
+        # the apply goes on: a batch a second later, reported at once (its first report)
+        reporter = RunlessReporter(instance, [lake_table(config, table)], position=str)
+        result = CurrentResult("g1", False, 5, 10, {0: 5}, 123, datetime.now(UTC), 0.1)
+        reporter([TableApplied(table.key, batch="b", current=result, offsets_behind=0)])
+        assert downstream_requested()
 
 
 def test_jars_come_from_a_setting_with_a_pinned_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -176,8 +176,8 @@ def test_a_running_apply_reports_current_to_dagster_at_most_once_a_minute(tmp_pa
             return [TableApplied(table.key, batch="b", current=result)]
 
         def events() -> list[Any]:
-            records = instance.fetch_materializations(dg.AssetKey(["shop", "orders"]), limit=100).records
-            return [r.asset_materialization for r in records]
+            records = instance.fetch_observations(dg.AssetKey(["shop", "orders"]), limit=100).records
+            return [r.asset_observation for r in records]
 
         report(applied(3))
         for second in range(1, 60):  # a micro-batch a second: folded into the next report
@@ -195,11 +195,11 @@ def test_a_running_apply_reports_current_to_dagster_at_most_once_a_minute(tmp_pa
         assert len(events()) == 3
 
 
-def test_current_far_behind_the_source_is_observed_not_materialized(tmp_path: Path) -> None:
-    """The freshness policy judges the last materialization's time alone. A table applying
-    batches an hour behind the source was materialized every minute, so its policy passed:
-    green while current was an hour old. Now only a report within a minute of the source
-    (or caught up) is a materialization; one further behind is an observation with its lag."""
+def test_the_apply_observes_current_and_reports_its_fresh_check(tmp_path: Path) -> None:
+    """Current is observed, never materialized, by the apply: Dagster counts a check's
+    result only for the materialization it followed, and materializations every minute hid
+    every result of the 10-minute check runs. What the apply says about current's lag is the
+    ``fresh`` check: failing while an hour behind, passing again as soon as it is back."""
     from datetime import UTC, datetime, timedelta
 
     import dagster as dg
@@ -207,6 +207,7 @@ def test_current_far_behind_the_source_is_observed_not_materialized(tmp_path: Pa
     from cdc_platform.lake.apply import TableApplied
     from cdc_platform.lake.current import CurrentResult
     from cdc_platform.lake.tables import lake_table
+    from cdc_platform.orchestration.keys import FRESH_CHECK
     from cdc_platform.orchestration.reporting import RunlessReporter
 
     config = load_config(_config(tmp_path, "    apply: {engine: stream}"))
@@ -219,24 +220,32 @@ def test_current_far_behind_the_source_is_observed_not_materialized(tmp_path: Pa
         eta = offsets_behind / 1000  # the table's rate: 1 000 offsets a second
         return [TableApplied(table.key, batch="b", current=result, offsets_behind=offsets_behind, catch_up_eta_s=eta)]
 
+    def fresh_checks() -> list[Any]:
+        records = instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(key, FRESH_CHECK), limit=10
+        )
+        return [r.event.asset_check_evaluation for r in records if r.event is not None]
+
     with dg.DagsterInstance.ephemeral() as instance:
         report = RunlessReporter(instance, [table], position=str, clock=lambda: now[0])
         for minute in range(3):  # catching up a backlog, an hour behind
             now[0] = 60.0 * minute
             report(applied(3600 - 60 * minute, offsets_behind=50_000))
-        assert instance.fetch_materializations(key, limit=10).records == []
         observed = instance.fetch_observations(key, limit=10).records
-        assert len(observed) == 3
-        newest = observed[0].asset_observation.metadata  # type: ignore[union-attr]
-        lag = newest["freshness_lag_s"].value
-        assert isinstance(lag, float) and lag >= 3480
+        assert len(observed) == 3 and instance.fetch_materializations(key, limit=10).records == []
+        checks = fresh_checks()
+        assert [c.passed for c in checks] == [False, False, False]
+        assert checks[0].metadata["freshness_lag_s"].value >= 3480
+        newest = checks[0].metadata
         assert (newest["offsets_behind"].value, newest["catch_up_eta_s"].value) == (50_000, 50.0)
+        assert "behind the source (50000 offset(s) not applied)" in str(checks[0].description)
+        assert "cdc-platform apply --source shop" in str(checks[0].description)
         now[0] = 130.0  # within seconds of the source again: shown at once, not a throttle period later
         report(applied(8, offsets_behind=40))
-        assert len(instance.fetch_materializations(key, limit=10).records) == 1
+        assert [c.passed for c in fresh_checks()][:2] == [True, False]
         now[0] = 140.0
         report(applied(3, offsets_behind=2))  # fresh, and throttled as before
-        assert len(instance.fetch_materializations(key, limit=10).records) == 1
+        assert len(fresh_checks()) == 4 and instance.fetch_materializations(key, limit=10).records == []
 
 
 def test_a_backlog_is_logged_with_what_is_left_and_when_it_is_done() -> None:
@@ -254,18 +263,6 @@ def test_a_backlog_is_logged_with_what_is_left_and_when_it_is_done() -> None:
     assert line.endswith("s behind the source; 150000 offsets to apply, about 60 s [0.00 s]"), line
     caught_up = describe(TableApplied("s.p.t", current=result, offsets_behind=0))
     assert "offsets to apply" not in caught_up
-
-
-def test_an_idle_table_is_reported_within_its_freshness_warn_window() -> None:
-    """A caught-up table with nothing to apply is materialized every ``IDLE_REPORT_EVERY_S``:
-    at five minutes, against a three-minute warn window, a quiet table warned as stale two
-    minutes in every five."""
-    from cdc_platform.orchestration.assets.current import STREAMED_FRESHNESS
-    from cdc_platform.orchestration.reporting import IDLE_REPORT_EVERY_S, REPORT_EVERY_S
-
-    warn = STREAMED_FRESHNESS.warn_window
-    assert warn is not None
-    assert REPORT_EVERY_S < IDLE_REPORT_EVERY_S < warn.to_timedelta().total_seconds()
 
 
 def _lease(holder: str, state: str, at_s: float, host: str = "h1", pid: int = 1) -> Any:
@@ -391,14 +388,14 @@ def test_a_running_apply_reports_each_changelog_day_and_seals_it_and_idle_tables
         # a table with nothing to apply is reported every two minutes, caught up: not stale
         now[0] = 400.0
         report([])
-        current = instance.fetch_materializations(dg.AssetKey(["shop", "orders"]), limit=10).records
+        current = instance.fetch_observations(dg.AssetKey(["shop", "orders"]), limit=10).records
         assert len(current) == 1
-        metadata = current[0].asset_materialization.metadata  # type: ignore[union-attr]
+        metadata = current[0].asset_observation.metadata  # type: ignore[union-attr]
         assert metadata["offsets_behind"].value == 0 and metadata["freshness_lag_s"].value == 0.0
         assert metadata["rows"].value == 7
         now[0] = 500.0
         report([])
-        assert len(instance.fetch_materializations(dg.AssetKey(["shop", "orders"]), limit=10).records) == 1
+        assert len(instance.fetch_observations(dg.AssetKey(["shop", "orders"]), limit=10).records) == 1
 
 
 def _day_checks(instance: Any, changelog: Any) -> list[tuple[str | None, bool, str | None]]:

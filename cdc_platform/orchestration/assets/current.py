@@ -25,12 +25,14 @@ from cdc_platform.lake.current import (
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.schema_registry import SchemaReport, evaluate_schema, registered_report
 from cdc_platform.lake.tables import LakeTable
+from cdc_platform.model.coverage import behind
 from cdc_platform.model.errors import RetriableError, SchemaIncompatibleError
 from cdc_platform.model.tables import TableSchema
 from cdc_platform.orchestration.failures import RETRY_POLICY, as_failure, failures_mapped
 from cdc_platform.orchestration.keys import (
     CHANGELOG_KEYS_CHECK,
     COMPLETENESS_CHECK,
+    FRESH_CHECK,
     HISTORY_CHAIN_CHECK,
     HISTORY_CHECK,
     KEYS_CHECK,
@@ -42,15 +44,19 @@ from cdc_platform.orchestration.keys import (
     snapshot_asset_key,
 )
 from cdc_platform.orchestration.metadata import (
+    FRESH_WITHIN_S,
     chain_check_metadata,
     chain_faults,
     changelog_keys_check_description,
     changelog_keys_check_metadata,
     completeness_check_metadata,
     current_metadata,
+    fresh_check_description,
+    fresh_check_metadata,
     history_check_metadata,
     history_metadata,
     history_mismatch,
+    is_fresh,
     keys_check_description,
     keys_check_metadata,
     schema_check_metadata,
@@ -76,10 +82,13 @@ STREAMED_AUTOMATION = (
     & ~dg.AutomationCondition.in_progress()
     & ~dg.AutomationCondition.missing()  # the apply has built current
 ).with_label("checks every 10 minutes (the stream apply writes current)")
-# the stream apply materializes a streamed current every minute while it applies within a
-# minute of the source, every two minutes when caught up (orchestration.reporting): no
-# materialization for 10 minutes means the apply is down, stuck or behind
-STREAMED_FRESHNESS = dg.FreshnessPolicy.time_window(fail_window=timedelta(minutes=10), warn_window=timedelta(minutes=3))
+# A streamed current is materialized by the run that checks it, every 10 minutes (the
+# apply reports observations and the fresh check: orchestration.reporting). No checked
+# version for 25 minutes (two ticks and a run) means the check cadence has stopped: the
+# daemon is down, or its runs fail or never start.
+STREAMED_FRESHNESS = dg.FreshnessPolicy.time_window(
+    fail_window=timedelta(minutes=25), warn_window=timedelta(minutes=15)
+)
 
 
 def current_specs(table: TableConfig, lake_path: str, streamed: bool = False) -> list[dg.AssetSpec]:
@@ -119,9 +128,19 @@ def current_specs(table: TableConfig, lake_path: str, streamed: bool = False) ->
     return specs
 
 
-def check_specs(table: TableConfig) -> list[dg.AssetCheckSpec]:
+def check_specs(table: TableConfig, streamed: bool = False) -> list[dg.AssetCheckSpec]:
     key = current_asset_key(table)
+    fresh = dg.AssetCheckSpec(
+        FRESH_CHECK,
+        asset=key,
+        description=(
+            f"Current within {FRESH_WITHIN_S:.0f} s of the source (the newest change it holds), or caught up: "
+            "evaluated by the stream apply with each report (every minute while it applies) and by the run "
+            "every 10 minutes from the ledger and the topic's end offsets, so an apply that stopped fails it too."
+        ),
+    )
     return [
+        *([fresh] if streamed else []),
         dg.AssetCheckSpec(
             SCHEMA_CHECK,
             asset=key,
@@ -190,7 +209,7 @@ def build_current_asset(table: TableConfig, lake_path: str, streamed: bool = Fal
     @dg.multi_asset(
         name=f"{table.source}__{table.dagster_name}__current",
         specs=current_specs(table, lake_path, streamed),
-        check_specs=check_specs(table),
+        check_specs=check_specs(table, streamed),
         retry_policy=RETRY_POLICY,
     )
     def current(
@@ -244,12 +263,23 @@ class CurrentStep:
             self.context.log.warning(
                 f"{self.table.key}: waiting for changelog windows: {'; '.join(result.waiting_for)}"
             )
-        yield dg.MaterializeResult(asset_key=self.key, metadata=current_metadata(result, self.source.format_position))
+        behind_by = self.offsets_behind(result) if self.streamed else None
+        metadata = current_metadata(result, self.source.format_position, behind_by)
+        yield dg.MaterializeResult(asset_key=self.key, metadata=metadata)
         if result.history is not None:
             yield dg.MaterializeResult(
                 asset_key=history_asset_key(self.table.config), metadata=history_metadata(result)
             )
+        if self.streamed:  # the apply reports it each minute; a stopped apply reports nothing, so this run does too
+            description = fresh_check_description(result, behind_by, self.table.source)
+            yield self._check(
+                FRESH_CHECK, is_fresh(result, behind_by), fresh_check_metadata(result, behind_by), description
+            )
         yield from self.checks(schema, result, committed)
+
+    def offsets_behind(self, result: CurrentResult) -> int:
+        """Offsets of the table's topic beyond what current has applied (the ledger's frontier)."""
+        return behind(result.frontier, self.kafka.clients().end_offsets(self.table.topic))
 
     def schema_report(self, generation: str) -> SchemaReport:
         """The source's schema against the registered history; when the source cannot be
