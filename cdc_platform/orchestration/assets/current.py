@@ -80,7 +80,8 @@ STREAMED_AUTOMATION = (
         dg.AutomationCondition.newly_requested() | dg.AutomationCondition.initial_evaluation()
     )
     & ~dg.AutomationCondition.in_progress()
-    & ~dg.AutomationCondition.missing()  # the apply has built current
+    # not "~missing()": the apply only observes current, so until the first check run
+    # materializes it, current is missing (a run before the apply built current fails, naming it)
 ).with_label("checks every 10 minutes (the stream apply writes current)")
 # A streamed current is materialized by the run that checks it, every 10 minutes (the
 # apply reports observations and the fresh check: orchestration.reporting). No checked
