@@ -442,6 +442,37 @@ class SparkConfig(_Strict):
 
 
 WINDOW_RE = re.compile(r"^(?P<n>[1-9][0-9]*)(?P<unit>[mhd])$")
+EVEN_PERIODS = "one of 1m 2m 5m 10m 15m 20m 30m, 1h 2h 3h 4h 6h 8h 12h, 1d"
+
+
+def even_period(value: str) -> str:
+    """A period that divides an hour or a day evenly (``Nm``, ``Nh``, ``1d``), or a ValueError naming the choices."""
+    match = WINDOW_RE.match(value)
+    if not match:
+        raise ValueError(f"'{value}' is not a period; use {EVEN_PERIODS}")
+    n, unit = int(match["n"]), match["unit"]
+    ok = (unit == "m" and 60 % n == 0 and n < 60) or (unit == "h" and 24 % n == 0 and n < 24)
+    if not (ok or (unit == "d" and n == 1)):
+        raise ValueError(f"'{value}' does not divide an hour or a day evenly; use {EVEN_PERIODS}")
+    return value
+
+
+def period_cron(value: str) -> str:
+    """The cron schedule (UTC) that ticks at the start of each period."""
+    match = WINDOW_RE.match(value)
+    assert match is not None  # validated by even_period
+    n, unit = int(match["n"]), match["unit"]
+    if unit == "m":
+        return f"*/{n} * * * *" if n > 1 else "* * * * *"
+    if unit == "h":
+        return f"0 */{n} * * *" if n > 1 else "0 * * * *"
+    return "0 0 * * *"
+
+
+def period_seconds(value: str) -> int:
+    match = WINDOW_RE.match(value)
+    assert match is not None  # validated by even_period
+    return int(match["n"]) * {"m": 60, "h": 3600, "d": 86400}[match["unit"]]
 
 
 class ChangelogConfig(_Strict):
@@ -459,26 +490,24 @@ class ChangelogConfig(_Strict):
     @field_validator("window")
     @classmethod
     def _valid_window(cls, value: str) -> str:
-        match = WINDOW_RE.match(value)
-        allowed = "one of 1m 2m 5m 10m 15m 20m 30m, 1h 2h 3h 4h 6h 8h 12h, 1d"
-        if not match:
-            raise ValueError(f"'{value}' is not a window size; use {allowed}")
-        n, unit = int(match["n"]), match["unit"]
-        ok = (unit == "m" and 60 % n == 0 and n < 60) or (unit == "h" and 24 % n == 0 and n < 24)
-        ok = ok or (unit == "d" and n == 1)
-        if not ok:
-            raise ValueError(f"'{value}' does not divide an hour or a day evenly; use {allowed}")
-        return value
+        return even_period(value)
 
     def cron_schedule(self) -> str:
-        match = WINDOW_RE.match(self.window)
-        assert match is not None  # validated above
-        n, unit = int(match["n"]), match["unit"]
-        if unit == "m":
-            return f"*/{n} * * * *" if n > 1 else "* * * * *"
-        if unit == "h":
-            return f"0 */{n} * * *" if n > 1 else "0 * * * *"
-        return "0 0 * * *"
+        return period_cron(self.window)
+
+
+class ChecksConfig(_Strict):
+    every: str = Field(
+        default="10m",
+        description="A streamed table: how often a Dagster run evaluates current's (and history's) checks and "
+        "materializes the version it checked: Nm (N divides 60), Nh (N divides 24) or 1d. Completeness reads the "
+        "whole source table, so a big table may want 1h or 1d.",
+    )
+
+    @field_validator("every")
+    @classmethod
+    def _valid_every(cls, value: str) -> str:
+        return even_period(value)
 
 
 class ErrorsConfig(_Strict):
@@ -548,6 +577,7 @@ class TableConfig(_Strict):
     compatibility: CompatibilityMode = CompatibilityMode.BACKWARD
     errors: ErrorsConfig = Field(default_factory=ErrorsConfig)
     completeness: CompletenessConfig = Field(default_factory=CompletenessConfig)
+    checks: ChecksConfig = Field(default_factory=ChecksConfig)
     snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
     history: bool = Field(
         default=False, description="Also keep an SCD2 history table (valid_from / valid_to / is_current)."

@@ -122,7 +122,7 @@ def test_a_streamed_source_is_applied_by_its_stream_not_by_window_runs(
     assert "crm__accounts__changelog_job" in targeted and not any(n.startswith("shop") for n in targeted), targeted
     specs = {s.key.to_user_string(): s for s in defs.resolve_all_asset_specs()}
     assert specs["shop/customers"].automation_condition is not None
-    assert "checks every 10 minutes" in str(specs["shop/customers"].automation_condition.get_label())
+    assert "checks every 10m" in str(specs["shop/customers"].automation_condition.get_label())
     assert "after a new generation" in str(specs["crm/accounts"].automation_condition.get_label())
     changelog = next(
         a for a in defs.assets or []
@@ -190,6 +190,47 @@ def test_a_streamed_current_is_checked_every_ten_minutes_while_only_its_changelo
             assert due, f"no check run requested after the 10:{tick} tick"
             again, cursor = requested(at(10, tick, 45), cursor)
             assert not again, "requested twice for one tick"
+
+
+def test_a_table_checked_hourly_is_checked_on_the_hour_and_its_freshness_follows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tables[].checks.every``: completeness reads the whole source table, so a big table
+    is checked less often; its freshness policy (a checked version) follows the period."""
+    from datetime import UTC, datetime, timedelta
+
+    from dagster._core.test_utils import freeze_time
+
+    from cdc_platform.orchestration.keys import current_asset_key
+
+    monkeypatch.delenv("CDC_SPARK_JARS_DIR", raising=False)
+    text, count = re.subn(
+        r"(?m)^(  - name: shop\.public\.orders)$", r"\1\n    checks: {every: 1h}", DEMO_CONFIG.read_text()
+    )
+    assert count == 1
+    config = tmp_path / "cdc_platform.yaml"
+    config.write_text(text)
+    defs = build_definitions(config)
+    table = load_config(config).table("shop.public.orders")
+    current = current_asset_key(table)
+    policy = {s.key: s for s in defs.resolve_all_asset_specs()}[current].freshness_policy
+    assert isinstance(policy, dg.FreshnessPolicy)
+    assert policy.fail_window.to_timedelta() == timedelta(hours=2, minutes=5)  # type: ignore[attr-defined]
+
+    def requested(when: datetime, cursor: Any) -> tuple[bool, Any]:
+        with freeze_time(when):
+            result = dg.evaluate_automation_conditions(
+                defs, instance, asset_selection=dg.AssetSelection.assets(current), cursor=cursor
+            )
+        return any(r.key == current and r.true_subset.size > 0 for r in result.results), result.cursor
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        _, cursor = requested(datetime(2026, 11, 28, 9, 56, tzinfo=UTC), None)
+        verdicts = []
+        for hour, minute in ((10, 0), (10, 10), (10, 20), (11, 0)):
+            due, cursor = requested(datetime(2026, 11, 28, hour, minute, 30, tzinfo=UTC), cursor)
+            verdicts.append(due)
+        assert verdicts == [True, False, False, True]  # on the hour only
 
 
 def test_the_apply_keeps_the_checked_version_the_latest_materialization(monkeypatch: pytest.MonkeyPatch) -> None:

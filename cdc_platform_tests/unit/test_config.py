@@ -143,6 +143,13 @@ def test_window_must_divide_the_hour(tmp_path: Path) -> None:
     assert "tables[1].changelog.window: '7m' does not divide an hour or a day evenly" in problem
 
 
+def test_the_check_period_defaults_to_ten_minutes_and_must_divide_the_hour_or_day(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, VALID.replace("errors: {tolerance: all}", "checks: {every: 6h}")))
+    assert [t.checks.every for t in config.tables] == ["10m", "6h"]
+    [problem] = problems(tmp_path, VALID.replace("errors: {tolerance: all}", "checks: {every: 7h}"))
+    assert "tables[1].checks.every: '7h' does not divide an hour or a day evenly; use one of 1m" in problem
+
+
 def test_table_of_an_undeclared_source(tmp_path: Path) -> None:
     [problem] = problems(tmp_path, VALID.replace("shop.public.customers", "crm.public.customers"))
     assert "source 'crm' is not declared under sources (declared: shop)" in problem

@@ -6,7 +6,7 @@ from typing import Any
 
 import dagster as dg
 
-from cdc_platform.config.model import TableConfig
+from cdc_platform.config.model import TableConfig, period_cron, period_seconds
 from cdc_platform.lake.checks import (
     CompletenessInputs,
     check_completeness,
@@ -68,28 +68,36 @@ from cdc_platform.sources.base import Source
 CURRENT_AUTOMATION = (
     dg.AutomationCondition.any_deps_updated().since_last_handled() & ~dg.AutomationCondition.in_progress()
 ).with_label("after a new generation or changelog window")
-# a streamed table's current is written by its source's stream apply; a Dagster run reports
-# where it stands and evaluates the checks on a cadence (never O(table) per micro-batch)
-STREAMED_CHECKS_CRON = "*/10 * * * *"
-# Not ``on_cron``: it also waits for every dependency to be updated since the tick, and the
-# snapshot moves only with a new generation, so no check run was requested after the first
-# tick. Nor "since last handled": the apply's runless materializations (every minute) would
-# count as the tick handled. A tick stays due until a run is requested for it.
-STREAMED_AUTOMATION = (
-    dg.AutomationCondition.cron_tick_passed(STREAMED_CHECKS_CRON).since(
-        dg.AutomationCondition.newly_requested() | dg.AutomationCondition.initial_evaluation()
-    )
-    & ~dg.AutomationCondition.in_progress()
-    # not "~missing()": the apply only observes current, so until the first check run
-    # materializes it, current is missing (a run before the apply built current fails, naming it)
-).with_label("checks every 10 minutes (the stream apply writes current)")
-# A streamed current is materialized by the run that checks it, every 10 minutes (the
-# apply reports observations and the fresh check: orchestration.reporting). No checked
-# version for 25 minutes (two ticks and a run) means the check cadence has stopped: the
-# daemon is down, or its runs fail or never start.
-STREAMED_FRESHNESS = dg.FreshnessPolicy.time_window(
-    fail_window=timedelta(minutes=25), warn_window=timedelta(minutes=15)
-)
+# A streamed table's current is written by its source's stream apply; a Dagster run reports
+# where it stands and evaluates the checks every ``tables[].checks.every`` (never O(table)
+# per micro-batch), and materializes the version it checked.
+RUN_ALLOWANCE = timedelta(minutes=5)  # a check run's own time, within the freshness windows
+
+
+def streamed_automation(table: TableConfig) -> dg.AutomationCondition[Any]:
+    """A check run at each tick of the table's check period.
+
+    Not ``on_cron``: it also waits for every dependency to be updated since the tick, and the
+    snapshot moves only with a new generation, so no check run was requested after the
+    first tick. Nor "since last handled": the apply's runless events (every minute) would
+    count as the tick handled. A tick stays due until a run is requested for it. Not
+    "~missing()" either: the apply only observes current, so until the first check run
+    materializes it, current is missing (a run before the apply built current fails,
+    naming it)."""
+    every = table.checks.every
+    return (
+        dg.AutomationCondition.cron_tick_passed(period_cron(every)).since(
+            dg.AutomationCondition.newly_requested() | dg.AutomationCondition.initial_evaluation()
+        )
+        & ~dg.AutomationCondition.in_progress()
+    ).with_label(f"checks every {every} (the stream apply writes current)")
+
+
+def streamed_freshness(table: TableConfig) -> dg.FreshnessPolicy:
+    """No checked version for two periods and a run means the check cadence has stopped: the
+    daemon is down, or its runs fail or never start (warn after one period and a run)."""
+    period = timedelta(seconds=period_seconds(table.checks.every))
+    return dg.FreshnessPolicy.time_window(fail_window=2 * period + RUN_ALLOWANCE, warn_window=period + RUN_ALLOWANCE)
 
 
 def current_specs(table: TableConfig, lake_path: str, streamed: bool = False) -> list[dg.AssetSpec]:
@@ -99,8 +107,8 @@ def current_specs(table: TableConfig, lake_path: str, streamed: bool = False) ->
         "kinds": {"spark", "delta"},
         "deps": deps,
         "tags": {"cdc/source": table.source},
-        "automation_condition": STREAMED_AUTOMATION if streamed else CURRENT_AUTOMATION,
-        **({"freshness_policy": STREAMED_FRESHNESS} if streamed else {}),
+        "automation_condition": streamed_automation(table) if streamed else CURRENT_AUTOMATION,
+        **({"freshness_policy": streamed_freshness(table)} if streamed else {}),
     }
     specs = [
         dg.AssetSpec(
@@ -136,8 +144,9 @@ def check_specs(table: TableConfig, streamed: bool = False) -> list[dg.AssetChec
         asset=key,
         description=(
             f"Current within {FRESH_WITHIN_S:.0f} s of the source (the newest change it holds), or caught up: "
-            "evaluated by the stream apply with each report (every minute while it applies) and by the run "
-            "every 10 minutes from the ledger and the topic's end offsets, so an apply that stopped fails it too."
+            "evaluated by the stream apply with each report (every minute while it applies) and by the check run "
+            f"(every {table.checks.every}) from the ledger and the topic's end offsets, so an apply that stopped "
+            "fails it too."
         ),
     )
     return [
