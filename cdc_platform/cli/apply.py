@@ -66,7 +66,7 @@ def apply_run(args: argparse.Namespace, loaded: Loaded) -> int:
     kafka, ledger = KafkaClients(config.kafka), Ledger(config.lake.root)
     sources = {name: open_source(config, name, kafka) for name in names}
     # the platform's PySpark resource: what a Dagster run materializes and what this process applies
-    spark = CdcSparkResource.for_config(str(loaded.path)).spark_session
+    spark = CdcSparkResource.for_config(str(loaded.path), long_running=True).spark_session
     tables = [lake_table(config, t) for name in names for t in config.tables_of(name)]
     # one source's settings for the engine's pace (the first named); each source keeps its own lease
     settings = config.sources[names[0]].apply

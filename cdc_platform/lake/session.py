@@ -118,6 +118,22 @@ def session_conf(spark: SparkConfig) -> dict[str, str]:
     return conf
 
 
+# The long-running apply's driver holds every table's plans, Delta snapshots and a pass's
+# broadcast relations at once: the demo's ten tables kept 560-820 MB live after a full GC,
+# and at Spark's default 1g heap that driver spent its time collecting garbage within
+# 12-18 minutes, then ran out of memory (docs/benchmarks.md, "Freshness over a long demo
+# run"). A Dagster run or a CLI command is short and keeps Spark's default.
+LONG_RUNNING_DRIVER_MEMORY = "2g"
+
+
+def long_running_conf(spark: SparkConfig) -> dict[str, str]:
+    """``session_conf`` for a process that applies for days: a larger driver heap unless the
+    config sets one (``spark.conf``)."""
+    conf = session_conf(spark)
+    conf.setdefault("spark.driver.memory", LONG_RUNNING_DRIVER_MEMORY)
+    return conf
+
+
 def local_threads(master: str) -> int:
     """The task threads of a local master: local -> 1, local[N] -> N, local[*] -> the cores."""
     match = _LOCAL_MASTER.fullmatch(master.strip())

@@ -16,7 +16,13 @@ from pydantic import PrivateAttr
 from cdc_platform.config import PlatformConfig, load_config
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.ledger import Ledger
-from cdc_platform.lake.session import check_jars, prepare_spark_environment, quiet_known_noise, session_conf
+from cdc_platform.lake.session import (
+    check_jars,
+    long_running_conf,
+    prepare_spark_environment,
+    quiet_known_noise,
+    session_conf,
+)
 from cdc_platform.lake.tables import LakeTable, lake_table
 from cdc_platform.sources import Source, open_source
 
@@ -87,8 +93,10 @@ class CdcSparkResource(LazyPySparkResource):
         quiet_known_noise(self.spark_session)  # set now: the property does not come back here
 
     @classmethod
-    def for_config(cls, config_path: str) -> CdcSparkResource:
-        return cls(config_path=config_path, spark_config=session_conf(cached_config(config_path).spark))
+    def for_config(cls, config_path: str, long_running: bool = False) -> CdcSparkResource:
+        """``long_running``: the stream apply's process (a larger driver heap, ``lake.session``)."""
+        spark = cached_config(config_path).spark
+        return cls(config_path=config_path, spark_config=(long_running_conf if long_running else session_conf)(spark))
 
 
 def platform_resources(config_path: str) -> dict[str, Any]:
