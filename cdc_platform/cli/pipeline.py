@@ -155,17 +155,17 @@ def verify(args: argparse.Namespace, loaded: Loaded) -> int:
 def dead_letters(args: argparse.Namespace, loaded: Loaded) -> int:
     from datetime import UTC, datetime
 
-    from cdc_platform.lake.dead_letters import count_dead_letters, marks_for_present
+    from cdc_platform.lake.dead_letters import count_dead_letters, marks_for_present, read_dead_letters
     from cdc_platform.lake.ledger import Ledger
     from cdc_platform.lake.tables import lake_table
 
     config = loaded.config
     ledger = Ledger(config.lake.root)
     for table in (lake_table(config, t) for t in selected_tables(config, args.tables, not args.tables)):
+        present = read_dead_letters(table.dead_letters_path)  # read once: the marks cover what is counted
         if args.examined:
-            marks = marks_for_present(table.dead_letters_path, datetime.now(UTC))
-            ledger.mark_dead_letters_examined(table.key, marks)
-        counts = count_dead_letters(table.dead_letters_path, ledger.dead_letters_examined(table.key))
+            ledger.mark_dead_letters_examined(table.key, marks_for_present(present, datetime.now(UTC)))
+        counts = count_dead_letters(present, ledger.dead_letters_examined(table.key))
         print(
             f"{table.key}: {counts.total} dead letter(s), {counts.examined} examined, "
             f"{counts.total - counts.examined} not (errors.dead_letter_threshold="

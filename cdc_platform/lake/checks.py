@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, cast
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.changelog import copies_of_each_record
 from cdc_platform.lake.compare import SAMPLE, compare_at_one_read, key_samples, keys_only_in, repeated_keys
-from cdc_platform.lake.dead_letters import count_dead_letters
+from cdc_platform.lake.dead_letters import count_dead_letters, read_dead_letters
 from cdc_platform.lake.lake_types import lake_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.snapshot import read_jdbc
@@ -280,7 +280,7 @@ def check_completeness(
     start = watermark.kafka_end_offsets if watermark else {}
     ranges = [r.offsets for rs in ledger.windows(table.key).values() for r in rs]
     coverage = walk(start, ranges)
-    dead = count_dead_letters(table.dead_letters_path, ledger.dead_letters_examined(table.key))
+    dead = count_dead_letters(read_dead_letters(table.dead_letters_path), ledger.dead_letters_examined(table.key))
     report = CompletenessReport(
         [h.describe() for h in coverage.holes], coverage.offsets_missing, dead.total - dead.examined,
         dead.worst_partition, table.config.errors.dead_letter_threshold, False, "", dead_letters_examined=dead.examined,

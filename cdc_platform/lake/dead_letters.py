@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_platform.lake.delta_rs import open_table, read_columns
 from cdc_platform.model.dead_letters import ExaminedMark, ExaminedMarks, marks_for
 
 PLACING = ("window_start", "topic", "kafka_partition", "kafka_offset", "kafka_timestamp")
@@ -35,8 +35,14 @@ class DeadLetterCounts:
         return max(self.unexamined_by_partition.values(), default=0)
 
 
-def count_dead_letters(path: str, marks: ExaminedMarks) -> DeadLetterCounts:
-    data = _read(path, (*PLACING, "error"))
+def read_dead_letters(path: str) -> pa.Table | None:
+    """Where each dead letter of the table at ``path`` came from, and why; None when the
+    table has never been written."""
+    delta = open_table(path)
+    return None if delta is None else read_columns(delta, (*PLACING, "error"))
+
+
+def count_dead_letters(data: pa.Table | None, marks: ExaminedMarks) -> DeadLetterCounts:
     if data is None or not data.num_rows:
         return DeadLetterCounts()
     unexamined = data.filter(pc.invert(examined_mask(data, marks)))
@@ -49,12 +55,11 @@ def count_dead_letters(path: str, marks: ExaminedMarks) -> DeadLetterCounts:
     return DeadLetterCounts(data.num_rows, data.num_rows - unexamined.num_rows, dict(sorted(windows.items())), sample)
 
 
-def marks_for_present(path: str, at: datetime) -> list[ExaminedMark]:
-    """Marks that cover every dead letter the table holds now."""
-    data = _read(path, ("topic", "kafka_partition", "kafka_offset"))
+def marks_for_present(data: pa.Table | None, at: datetime) -> list[ExaminedMark]:
+    """Marks that cover every dead letter in ``data`` (the table's, read now)."""
     if data is None:
         return []
-    rows = data.to_pylist()
+    rows = data.select(["topic", "kafka_partition", "kafka_offset"]).to_pylist()
     return marks_for(((str(r["topic"]), int(r["kafka_partition"]), int(r["kafka_offset"])) for r in rows), at)
 
 
@@ -72,23 +77,3 @@ def examined_mask(data: pa.Table, marks: ExaminedMarks) -> pa.ChunkedArray:
         )
         examined = pc.or_(examined, pc.fill_null(covered, False))
     return examined
-
-
-def _read(path: str, columns: tuple[str, ...]) -> pa.Table | None:
-    """The dead-letter table's ``columns`` (delta-rs' own engine: see ``ledger._read``), or
-    None when the table has never been written."""
-    from deltalake import DeltaTable, QueryBuilder
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        delta: Any = DeltaTable(path)
-    except TableNotFoundError:
-        return None
-    selected = ", ".join(f'"{c}"' for c in columns)
-    data = pa.table(QueryBuilder().register("d", delta).execute(f"SELECT {selected} FROM d").read_all())
-    # DataFusion hands back string_view columns; the partition column comes back as text
-    return data.cast(pa.schema([_plain(data.schema.field(c)) for c in columns]))
-
-
-def _plain(f: pa.Field) -> pa.Field:
-    return f.with_type(pa.string()) if pa.types.is_string_view(f.type) or pa.types.is_large_string(f.type) else f

@@ -40,6 +40,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_platform.lake.delta_rs import read_columns
 from cdc_platform.model.chunks import ChunkPlan, ChunkProgress
 from cdc_platform.model.coverage import OffsetRange
 from cdc_platform.model.dead_letters import ExaminedMark, latest_marks
@@ -410,14 +411,7 @@ class Ledger:
 
 
 def _read(delta: Any, schema: pa.Schema) -> pa.Table:
-    """A ledger table, read by delta-rs' own engine (DataFusion). Not ``to_pyarrow_table``:
-    its pyarrow dataset keeps IO threads on delta-rs' filesystem handler, and a short
-    process (a CLI command) then aborts at exit one time in two ("terminate called without
-    an active exception", delta-io/delta-rs#2184)."""
-    from deltalake import QueryBuilder
-
-    data = pa.table(QueryBuilder().register("t", delta).execute("SELECT * FROM t").read_all())
-    return data.select(schema.names).cast(schema)  # DataFusion hands back string_view columns
+    return read_columns(delta, schema.names).cast(schema)
 
 
 def _generation_row(event: GenerationEvent) -> dict[str, Any]:

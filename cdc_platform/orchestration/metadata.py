@@ -166,9 +166,12 @@ def fresh_check_metadata(result: CurrentResult, offsets_behind: int | None, eta_
         metadata["freshness_lag_s"] = dg.MetadataValue.float(round(lag, 1))
     if offsets_behind is not None:
         metadata["offsets_behind"] = dg.MetadataValue.int(offsets_behind)
-    if offsets_behind and eta_s is not None:
-        metadata["catch_up_eta_s"] = dg.MetadataValue.float(eta_s)
-    return metadata
+    return {**metadata, **catch_up_metadata(offsets_behind, eta_s)}
+
+
+def catch_up_metadata(offsets_behind: int | None, eta_s: float | None) -> Metadata:
+    """``catch_up_eta_s`` while there is a backlog: when the table is expected to catch up."""
+    return {"catch_up_eta_s": dg.MetadataValue.float(eta_s)} if offsets_behind and eta_s is not None else {}
 
 
 def fresh_check_description(result: CurrentResult, offsets_behind: int | None, source: str) -> str | None:

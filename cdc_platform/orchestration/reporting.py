@@ -41,6 +41,7 @@ from cdc_platform.orchestration.keys import (
     history_asset_key,
 )
 from cdc_platform.orchestration.metadata import (
+    catch_up_metadata,
     changelog_day_metadata,
     current_metadata,
     day_check_description,
@@ -155,9 +156,8 @@ class RunlessReporter:
             # everything applied since the last report (the throttle folds micro-batches)
             "changes_applied": dg.MetadataValue.int(changes),
             "engine": dg.MetadataValue.text("stream"),
+            **catch_up_metadata(offsets_behind, eta_s),
         }
-        if offsets_behind and eta_s is not None:  # a backlog: when the table is expected to catch up
-            metadata["catch_up_eta_s"] = dg.MetadataValue.float(eta_s)
         self.emit(dg.AssetObservation(asset_key=current_asset_key(config), metadata=metadata))
         if result.history is not None:
             self.emit(dg.AssetObservation(asset_key=history_asset_key(config), metadata=history_metadata(result)))

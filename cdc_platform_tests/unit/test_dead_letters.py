@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from cdc_platform.lake.dead_letters import count_dead_letters, marks_for_present
+from cdc_platform.lake.dead_letters import count_dead_letters, marks_for_present, read_dead_letters
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.model.dead_letters import ExaminedMark, latest_marks
 
@@ -38,31 +38,31 @@ def _write(path: Path, letters: list[tuple[str, int, int, datetime]]) -> None:
 
 
 def test_a_table_without_dead_letters_counts_none(tmp_path: Path) -> None:
-    counts = count_dead_letters(str(tmp_path / "dead_letters"), {})
+    counts = count_dead_letters(read_dead_letters(str(tmp_path / "dead_letters")), {})
     assert (counts.total, counts.examined, counts.worst_partition, counts.sample) == (0, 0, 0, [])
 
 
 def test_examined_dead_letters_stop_counting_and_new_ones_count(tmp_path: Path) -> None:
     path, ledger, key = tmp_path / "dead_letters", Ledger(str(tmp_path)), f"shop.{TOPIC}"
     _write(path, [("2026-11-27", 0, 5, T0), ("2026-11-28", 0, 7, T0), ("2026-11-28", 1, 3, T0)])
-    before = count_dead_letters(str(path), ledger.dead_letters_examined(key))
+    before = count_dead_letters(read_dead_letters(str(path)), ledger.dead_letters_examined(key))
     assert (before.total, before.examined, before.unexamined_by_partition) == (3, 0, {"2026-11-27": 1, "2026-11-28": 2})
     assert before.worst_partition == 2
     assert before.sample[0] == "partition 0 offset 5 (2026-11-27): value is not JSON (offset 5)"
 
     # examined: every dead letter present now is covered, each Kafka partition up to its highest offset
     marked_at = T0 + timedelta(minutes=5)
-    marks = marks_for_present(str(path), marked_at)
+    marks = marks_for_present(read_dead_letters(str(path)), marked_at)
     assert marks == [ExaminedMark(TOPIC, 0, 7, marked_at), ExaminedMark(TOPIC, 1, 3, marked_at)]
     ledger.mark_dead_letters_examined(key, marks)
-    after = count_dead_letters(str(path), ledger.dead_letters_examined(key))
+    after = count_dead_letters(read_dead_letters(str(path)), ledger.dead_letters_examined(key))
     assert (after.total, after.examined, after.worst_partition, after.sample) == (3, 3, 0, [])
 
     # a later dead letter counts: a higher offset, and a low offset Kafka stamped after the
     # mark (the topic deleted and created again starts its offsets over)
     later = marked_at + timedelta(seconds=1)
     _write(path, [("2026-11-28", 0, 9, later), ("2026-11-28", 1, 2, later)])
-    new = count_dead_letters(str(path), ledger.dead_letters_examined(key))
+    new = count_dead_letters(read_dead_letters(str(path)), ledger.dead_letters_examined(key))
     assert (new.total, new.examined, new.unexamined_by_partition) == (5, 3, {"2026-11-28": 2})
     assert [s.split(" (")[0] for s in new.sample] == ["partition 0 offset 9", "partition 1 offset 2"]
 
