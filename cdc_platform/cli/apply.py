@@ -24,6 +24,12 @@ def register(sub: Any) -> None:
         "--source", action="append", help="source name (repeat it to apply several in one Spark application)"
     )
     parser.add_argument("--all", action="store_true", help="every source whose apply.engine is stream")
+    parser.add_argument(
+        "--group",
+        action="append",
+        help="only the tables of this apply group (tables[].apply_group; repeat it for several): one process "
+        "per group splits a big source over several Spark applications. Default: every group",
+    )
     parser.add_argument("--once", action="store_true", help="apply everything available, then stop (scheduled mode)")
     command(parser, apply_run)
 
@@ -51,6 +57,22 @@ def streamed_sources(config: Any, names: list[str] | None, every: bool) -> list[
     return chosen
 
 
+def grouped_tables(config: Any, sources: list[str], groups: list[str] | None) -> list[Any]:
+    """The tables of ``sources`` in ``groups`` (every group when None); a named group that
+    none of them has is an error naming the groups they have."""
+    tables = [t for name in sources for t in config.tables_of(name)]
+    if not groups:
+        return tables
+    unknown = sorted(set(groups) - {t.apply_group for t in tables})
+    if unknown:
+        have = sorted({t.apply_group for t in tables})
+        raise CliError(
+            f"no table of {', '.join(sources)} is in apply group {', '.join(unknown)} (its groups: "
+            f"{', '.join(have)}); set tables[].apply_group, or name one of those"
+        )
+    return [t for t in tables if t.apply_group in groups]
+
+
 def apply_run(args: argparse.Namespace, loaded: Loaded) -> int:
     from cdc_platform.kafka.clients import KafkaClients
     from cdc_platform.lake.apply import StreamApply
@@ -67,7 +89,7 @@ def apply_run(args: argparse.Namespace, loaded: Loaded) -> int:
     sources = {name: open_source(config, name, kafka) for name in names}
     # the platform's PySpark resource: what a Dagster run materializes and what this process applies
     spark = CdcSparkResource.for_config(str(loaded.path), long_running=True).spark_session
-    tables = [lake_table(config, t) for name in names for t in config.tables_of(name)]
+    tables = [lake_table(config, t) for t in grouped_tables(config, names, args.group)]
     # one source's settings for the engine's pace (the first named); each source keeps its own lease
     settings = config.sources[names[0]].apply
     with StreamApply(

@@ -88,6 +88,9 @@ class ErrorTolerance(StrEnum):
     ALL = "all"
 
 
+DEFAULT_APPLY_GROUP = "default"  # a source's tables without apply_group (model.leases.DEFAULT_GROUP)
+
+
 class ApplyEngine(StrEnum):
     """How a source's changes reach the lake (README "Applying changes")."""
 
@@ -582,6 +585,13 @@ class TableConfig(_Strict):
     history: bool = Field(
         default=False, description="Also keep an SCD2 history table (valid_from / valid_to / is_current)."
     )
+    apply_group: str = Field(
+        default=DEFAULT_APPLY_GROUP,
+        pattern=r"^[a-z][a-z0-9_]{0,62}$",
+        description="stream engine: the tables of one source and group are applied by one process "
+        "(cdc-platform apply --source S --group G). Split a big source into groups to apply it in several "
+        "Spark applications; `cdc-platform apply --source S` alone applies every group of S.",
+    )
     poll: PollConfig | None = Field(
         default=None, description="How the table is polled; required for (and only for) tables of jdbc sources."
     )
@@ -640,6 +650,15 @@ def _debezium_topics_accept_truncates(name: str, source: PostgresSource | JdbcSo
         )
 
 
+def _apply_group_needs_stream(i: int, table: TableConfig, source: SourceConfig) -> None:
+    if table.apply_group != DEFAULT_APPLY_GROUP and source.apply.engine is not ApplyEngine.STREAM:
+        raise ValueError(
+            f"tables[{i}].apply_group: '{table.name}' is in apply group '{table.apply_group}', but source "
+            f"'{table.source}' is applied by changelog-window runs (apply.engine: {source.apply.engine.value}); "
+            f"set sources.{table.source}.apply.engine: stream, or remove apply_group"
+        )
+
+
 def _unquote(ident: str) -> str:
     if ident.startswith('"') and ident.endswith('"'):
         return ident[1:-1].replace('""', '"')
@@ -677,6 +696,7 @@ class PlatformConfig(_Strict):
                     f"tables[{i}].poll: '{table.name}' belongs to postgres source '{table.source}', which is "
                     "captured by logical decoding; remove the poll block"
                 )
+            _apply_group_needs_stream(i, table, source)
             ident = (table.source, table.dagster_name)
             if ident in seen:
                 raise ValueError(

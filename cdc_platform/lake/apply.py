@@ -80,7 +80,14 @@ from cdc_platform.lake.tables import LakeTable
 from cdc_platform.model.coverage import OffsetRange, behind, walk
 from cdc_platform.model.errors import CdcError, FatalError, RetriableError
 from cdc_platform.model.generations import Generation
-from cdc_platform.model.leases import HEARTBEAT_S, LEASE_TTL_S, LeaseEvent, LeaseState, live_holders
+from cdc_platform.model.leases import (
+    HEARTBEAT_S,
+    LEASE_TTL_S,
+    LeaseEvent,
+    LeaseState,
+    describe_scope,
+    live_holders,
+)
 from cdc_platform.model.state import CurrentPosition
 from cdc_platform.model.windows import DAY_S, BatchPlan, next_batch_ranges, window_key, window_start
 
@@ -176,20 +183,27 @@ def continues(frontier: dict[int, int], plan: BatchPlan) -> bool:
 
 
 class ApplyLease:
-    """This process's hold on ``apply:<source>`` (``model.leases``)."""
+    """This process's hold on its tables' apply groups, ``apply:<source>[/<group>]`` (``model.leases``)."""
 
-    def __init__(self, ledger: Ledger, sources: Sequence[str]) -> None:
-        self.ledger, self.scopes = ledger, [f"apply:{s}" for s in sorted(set(sources))]
+    def __init__(self, ledger: Ledger, scopes: Sequence[str]) -> None:
+        self.ledger, self.scopes = ledger, sorted(set(scopes))
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.holder = f"{self.host}:{self.pid}:{uuid.uuid4().hex[:8]}"
         self.held = False
         self.beat_at = 0.0
 
     def acquire(self) -> None:
-        for scope in self.scopes:
-            self._refuse_if_held(scope)
-            self._record(scope, LeaseState.HELD)
-            self._refuse_if_held(scope)  # two starting at once: the first taker keeps it
+        taken: list[str] = []
+        try:
+            for scope in self.scopes:
+                self._refuse_if_held(scope)
+                self._record(scope, LeaseState.HELD)
+                taken.append(scope)
+                self._refuse_if_held(scope)  # two starting at once: the first taker keeps it
+        except FatalError:  # all or nothing: a refused apply holds none of its groups
+            for scope in taken:
+                self._record(scope, LeaseState.RELEASED)
+            raise
         self.held, self.beat_at = True, time.monotonic()
 
     def heartbeat(self) -> None:
@@ -213,13 +227,10 @@ class ApplyLease:
         first = holders[0] if holders else None
         if first is None or first.holder == self.holder:
             return
-        if any(h.holder == self.holder for h in holders):
-            self._record(scope, LeaseState.RELEASED)
-        source = scope.split(":", 1)[1]
         raise FatalError(
-            f"source '{source}' is already applied by another process ({first.describe(now)}): one stream apply "
-            f"per source. Stop that one first (or, if its host is gone, wait {LEASE_TTL_S:.0f} s after its last "
-            "heartbeat)",
+            f"{describe_scope(scope)} is already applied by another process ({first.describe(now)}): one stream "
+            f"apply per source and apply group. Stop that one first (or, if its host is gone, wait "
+            f"{LEASE_TTL_S:.0f} s after its last heartbeat)",
             reason="apply_already_running",
         )
 
@@ -254,7 +265,7 @@ class StreamApply:
         self.tables, self.settings, self.refresh = list(tables), settings, refresh
         self.health = {t.key: TableHealth() for t in self.tables}
         self.states: dict[str, TableState] = {}
-        self.lease = ApplyLease(ledger, [t.source for t in self.tables])
+        self.lease = ApplyLease(ledger, [t.apply_scope for t in self.tables])
         self.pool = ThreadPoolExecutor(max(1, min(settings.tables_at_once(), len(self.tables))), "apply")
         # --once: per table, the end offsets when it started (what "available" means)
         self.until: dict[str, dict[int, int]] | None = None

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from cdc_platform.config.model import PlatformConfig, TableConfig
 from cdc_platform.envelope.encoding import ValueEncoding
+from cdc_platform.model.leases import apply_scope
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType
@@ -45,6 +46,11 @@ class LakeTable:
     @property
     def source(self) -> str:
         return self.config.source
+
+    @property
+    def apply_scope(self) -> str:
+        """The lease a stream apply holds to apply this table (``model.leases``)."""
+        return apply_scope(self.config.source, self.config.apply_group)
 
     def snapshot_path(self, generation: str) -> str:
         return f"{self.root}/snapshot/{generation}"

@@ -1,4 +1,4 @@
-"""Who may apply a source: one holder at a time (pure).
+"""Who may apply a source's tables: one holder at a time per apply group (pure).
 
 The stream apply keeps its tables' pipeline state in memory between micro-batches (the
 ledger is written as it goes, but read only when the process starts or a table fails),
@@ -24,6 +24,19 @@ from enum import StrEnum
 
 LEASE_TTL_S = 120.0
 HEARTBEAT_S = 30.0
+DEFAULT_GROUP = "default"  # config.model.DEFAULT_APPLY_GROUP: a source's tables without apply_group
+
+
+def apply_scope(source: str, group: str) -> str:
+    """The lease over one apply group's tables. An apply of a whole source takes every
+    group's, so it and an apply of one group cannot run at once. The default group's is
+    named after the source alone (``apply:<source>``, as before groups existed)."""
+    return f"apply:{source}" if group == DEFAULT_GROUP else f"apply:{source}/{group}"
+
+
+def describe_scope(scope: str) -> str:
+    source, _, group = scope.removeprefix("apply:").partition("/")
+    return f"source '{source}'" + (f" (apply group '{group}')" if group else "")
 
 
 class LeaseState(StrEnum):

@@ -371,6 +371,34 @@ def test_an_apply_cut_at_any_step_resumes_exactly(one_table_env: CaptureEnv, spa
 
 
 @pytest.fixture
+def grouped_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
+    """Two tables of one source, ``lines`` in apply group ``big``."""
+    for env in make_capture_env(demo_db, tmp_path, DDL, ["items", "lines"], source_yaml=STREAMED):
+        entry = f"  - name: cap.{env.schema}.lines\n"
+        env.config_path.write_text(env.config_path.read_text().replace(entry, f"{entry}    apply_group: big\n"))
+        yield env
+
+
+def test_an_apply_group_applies_its_own_tables_and_the_source_apply_the_rest(
+    grouped_env: CaptureEnv, spark: Any
+) -> None:
+    env = grouped_env
+    lake, (items, lines) = Lake(env.config, spark), _keys(env)
+    _changes(env, seed=21, first_id=1)
+    env.run_until_caught_up()
+    for key in (items, lines):
+        lake.snapshot(key, "g1")
+    _changes(env, seed=22, first_id=1000)
+    env.run_until_caught_up()
+    assert _apply(env, "--once", "--group", "big") == 0
+    assert lake.ledger.batches(lines) and not lake.ledger.batches(items)  # the group's table only
+    assert_current_equals_source(lake, [lines], at_least=20)
+    assert _apply(env, "--once") == 0  # no --group: every group of the source
+    assert lake.ledger.batches(items)
+    assert_current_equals_source(lake, [items, lines], at_least=20)
+
+
+@pytest.fixture
 def deletable_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
     """One table whose topic takes DeleteRecords (the delete policy): retention, on demand."""
     for env in make_capture_env(demo_db, tmp_path, DDL, ["items"], source_yaml=STREAMED):

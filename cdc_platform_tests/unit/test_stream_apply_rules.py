@@ -302,13 +302,13 @@ def test_a_second_apply_of_a_source_stops_with_the_holder_named(tmp_path: Path) 
     from cdc_platform.lake.apply import ApplyLease
 
     ledger = Ledger(str(tmp_path))
-    first = ApplyLease(ledger, ["shop"])
+    first = ApplyLease(ledger, ["apply:shop"])
     first.acquire()
-    second = ApplyLease(ledger, ["shop"])
+    second = ApplyLease(ledger, ["apply:shop"])
     with pytest.raises(FatalError, match=r"source 'shop' is already applied by another process \(pid \d+ on ") as err:
         second.acquire()
     assert err.value.reason == "apply_already_running" and not second.held
-    other_source = ApplyLease(ledger, ["crm"])
+    other_source = ApplyLease(ledger, ["apply:crm"])
     other_source.acquire()  # one lease per source, not per lake
     first.release()
     second.acquire()  # released: the next one takes it at once
@@ -321,10 +321,10 @@ def test_the_lease_of_a_killed_apply_on_this_host_is_taken_over_at_once(tmp_path
     ledger = Ledger(str(tmp_path))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    killed = ApplyLease(ledger, ["shop"])
+    killed = ApplyLease(ledger, ["apply:shop"])
     killed.pid = dead.pid  # what a SIGKILLed apply leaves behind: held, by a process that is gone
     killed.acquire()
-    successor = ApplyLease(ledger, ["shop"])
+    successor = ApplyLease(ledger, ["apply:shop"])
     successor.acquire()
     assert successor.held
 
@@ -434,6 +434,83 @@ tables: [{name: shop.public.a}, {name: bench.public.b}, {name: old.public.c}]
         streamed_sources(config, ["nope"], False)
     with pytest.raises(CliError, match=r"--source \(or use --all\)"):
         streamed_sources(config, None, False)
+
+
+GROUPED = """
+sources:
+  shop: {database: shop, user: u, password_env: PW, apply: {engine: stream}}
+  crm: {database: crm, user: u, password_env: PW, apply: {engine: stream}}
+kafka: {bootstrap_servers: "127.0.0.1:9092"}
+lake: {root: lake}
+tables:
+  - {name: shop.public.orders, apply_group: big}
+  - {name: shop.public.order_items, apply_group: big}
+  - {name: shop.public.customers}
+  - {name: crm.crm.accounts}
+"""
+
+
+def test_an_apply_group_is_applied_by_one_process_and_a_whole_source_apply_excludes_its_groups(
+    tmp_path: Path,
+) -> None:
+    from cdc_platform.cli.apply import grouped_tables
+    from cdc_platform.cli.main import CliError
+    from cdc_platform.lake.apply import ApplyLease
+    from cdc_platform.lake.tables import lake_table
+
+    path = tmp_path / "cdc_platform.yaml"
+    path.write_text(GROUPED)
+    config = load_config(path)
+
+    def lease(sources: list[str], groups: list[str] | None) -> ApplyLease:
+        tables = [lake_table(config, t) for t in grouped_tables(config, sources, groups)]
+        return ApplyLease(Ledger(str(tmp_path)), [t.apply_scope for t in tables])
+
+    assert [t.key for t in grouped_tables(config, ["shop"], ["big"])] == [
+        "shop.public.orders",
+        "shop.public.order_items",
+    ]
+    assert [t.key for t in grouped_tables(config, ["shop"], ["default"])] == ["shop.public.customers"]
+    assert len(grouped_tables(config, ["shop"], None)) == 3  # no --group: every group of the source
+    with pytest.raises(CliError, match=r"no table of shop is in apply group huge \(its groups: big, default\)"):
+        grouped_tables(config, ["shop"], ["huge"])
+
+    big, rest, crm = lease(["shop"], ["big"]), lease(["shop"], ["default"]), lease(["crm"], None)
+    for holder in (big, rest, crm):
+        holder.acquire()  # groups of one source side by side, and another source
+    whole = lease(["shop"], None)
+    with pytest.raises(FatalError, match=r"source 'shop' is already applied") as err:
+        whole.acquire()  # the whole source would apply the default group's tables a second time
+    assert err.value.reason == "apply_already_running" and not whole.held
+    rest.release()
+    with pytest.raises(FatalError, match=r"source 'shop' \(apply group 'big'\) is already applied"):
+        whole.acquire()  # and the big group's
+    rest = lease(["shop"], ["default"])
+    rest.acquire()  # all or nothing: the refused whole-source apply kept no group it had taken first
+    rest.release()
+    big.release()
+    whole.acquire()
+    assert whole.held
+    with pytest.raises(FatalError, match=r"apply group 'big'"):
+        lease(["shop"], ["big"]).acquire()
+
+
+def test_an_apply_group_needs_the_stream_engine(tmp_path: Path) -> None:
+    path = tmp_path / "cdc_platform.yaml"
+    path.write_text(
+        GROUPED.replace(
+            "crm: {database: crm, user: u, password_env: PW, apply: {engine: stream}}",
+            "crm: {database: crm, user: u, password_env: PW}",
+        ).replace("{name: crm.crm.accounts}", "{name: crm.crm.accounts, apply_group: nightly}")
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"apply group 'nightly', but source 'crm' is applied by changelog-window runs.*engine: stream",
+    ):
+        load_config(path)
+    path.write_text(GROUPED.replace("apply_group: big}", "apply_group: Big}", 1))
+    with pytest.raises(ConfigError, match=r"apply_group"):
+        load_config(path)
 
 
 def test_a_scheduled_source_gets_an_apply_job_whose_schedule_never_overlaps_itself(
