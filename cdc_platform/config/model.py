@@ -489,6 +489,12 @@ class ChangelogConfig(_Strict):
         pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$",
         description="First changelog window (UTC, YYYY-MM-DDTHH:MM); Dagster partitions begin here.",
     )
+    partition: Literal["day", "hour"] = Field(
+        default="day",
+        description="stream engine: the changelog's partition (in Delta and in Dagster), one per UTC day "
+        "(at most 366 a year) or per hour (8 784: smaller partitions, sealed and checked within the hour). "
+        "The windows engine partitions by window.",
+    )
 
     @field_validator("window")
     @classmethod
@@ -497,6 +503,11 @@ class ChangelogConfig(_Strict):
 
     def cron_schedule(self) -> str:
         return period_cron(self.window)
+
+    @property
+    def stream_partition_s(self) -> int:
+        """A streamed changelog partition's length."""
+        return 3_600 if self.partition == "hour" else 86_400
 
 
 class ChecksConfig(_Strict):
@@ -650,13 +661,21 @@ def _debezium_topics_accept_truncates(name: str, source: PostgresSource | JdbcSo
         )
 
 
-def _apply_group_needs_stream(i: int, table: TableConfig, source: SourceConfig) -> None:
-    if table.apply_group != DEFAULT_APPLY_GROUP and source.apply.engine is not ApplyEngine.STREAM:
-        raise ValueError(
-            f"tables[{i}].apply_group: '{table.name}' is in apply group '{table.apply_group}', but source "
-            f"'{table.source}' is applied by changelog-window runs (apply.engine: {source.apply.engine.value}); "
-            f"set sources.{table.source}.apply.engine: stream, or remove apply_group"
-        )
+def _stream_settings_need_stream(i: int, table: TableConfig, source: SourceConfig) -> None:
+    """Settings only the stream apply reads are an error on a table applied by windows."""
+    if source.apply.engine is ApplyEngine.STREAM:
+        return
+    if table.apply_group != DEFAULT_APPLY_GROUP:
+        _stream_only(i, table, "apply_group", f"is in apply group '{table.apply_group}'")
+    if table.changelog.partition != "day":
+        _stream_only(i, table, "changelog.partition", f"has changelog.partition: {table.changelog.partition}")
+
+
+def _stream_only(i: int, table: TableConfig, setting: str, says: str) -> None:
+    raise ValueError(
+        f"tables[{i}].{setting}: '{table.name}' {says}, but source '{table.source}' is applied by changelog-window "
+        f"runs (apply.engine: windows); set sources.{table.source}.apply.engine: stream, or remove {setting}"
+    )
 
 
 def _unquote(ident: str) -> str:
@@ -696,7 +715,7 @@ class PlatformConfig(_Strict):
                     f"tables[{i}].poll: '{table.name}' belongs to postgres source '{table.source}', which is "
                     "captured by logical decoding; remove the poll block"
                 )
-            _apply_group_needs_stream(i, table, source)
+            _stream_settings_need_stream(i, table, source)
             ident = (table.source, table.dagster_name)
             if ident in seen:
                 raise ValueError(

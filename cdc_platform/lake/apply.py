@@ -89,7 +89,7 @@ from cdc_platform.model.leases import (
     live_holders,
 )
 from cdc_platform.model.state import CurrentPosition
-from cdc_platform.model.windows import DAY_S, BatchPlan, next_batch_ranges, window_key, window_start
+from cdc_platform.model.windows import BatchPlan, next_batch_ranges, window_key, window_start
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -466,9 +466,9 @@ class StreamApply:
         return result
 
     def _seal(self, table: LakeTable, state: TableState) -> ChangelogDay | None:
-        """The day of the table's last batch, once the UTC day has moved past it."""
+        """The changelog partition (day, or hour) of the table's last batch, once UTC time has moved past it."""
         last = state.last_batch
-        today = window_key(window_start(datetime.now(UTC), DAY_S))
+        today = stream_partition_now(table)
         if last is None or last.day in (today, state.sealed_day) or state.pending is not None:
             return None
         seal = seal_day(self.spark, self.ledger, table, last.day)
@@ -522,11 +522,16 @@ class StreamApply:
         ranges = next_batch_ranges(table.key, state.recorded, marks, self.settings.max_offsets_per_batch)
         if not ranges:
             return None
-        day = window_key(window_start(datetime.now(UTC), DAY_S))
+        day = stream_partition_now(table)
         plan = BatchPlan((state.last_batch.number if state.last_batch else 0) + 1, day, ranges)
         self.ledger.plan_batch(table.key, plan)
         state.pending = plan
         return plan
+
+
+def stream_partition_now(table: LakeTable) -> str:
+    """The changelog partition a batch planned now writes to: the UTC day, or hour (``changelog.partition``)."""
+    return window_key(window_start(datetime.now(UTC), table.config.changelog.stream_partition_s))
 
 
 def _after_catch_up(catch_up: CurrentResult, merged: CurrentResult) -> CurrentResult:

@@ -26,7 +26,7 @@ from cdc_platform.lake.current import AUTO_COMPACT, BatchSummary
 from cdc_platform.lake.lake_types import row_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
-from cdc_platform.model.coverage import holes_not_restarted, walk
+from cdc_platform.model.coverage import holes_not_restarted
 from cdc_platform.model.errors import (
     ChangelogGapError,
     DeadLetterError,
@@ -43,6 +43,7 @@ from cdc_platform.model.windows import (
     changelog_partition,
     is_batch_key,
     neighbours,
+    partition_coverage,
     plan_window,
     window_key,
 )
@@ -519,20 +520,16 @@ def read_day(spark: SparkSession, ledger: Ledger, table: LakeTable, day: str, se
     from pyspark.sql import functions as F
 
     windows = ledger.windows(table.key)
-    keys = [k for k in windows if is_batch_key(k) and changelog_partition(k) == day]
-    spans = [r.offsets for k in keys for r in windows[k]]
-    starts: dict[int, int] = {}
-    for span in spans:
-        starts[span.partition] = min(starts.get(span.partition, span.start), span.start)
-    coverage = walk(starts, spans)
-    ranges = {p: (s, coverage.frontier[p]) for p, s in sorted(starts.items())}
+    batches = {k: [r.offsets for r in ranges] for k, ranges in windows.items() if is_batch_key(k)}
+    keys = [k for k in batches if changelog_partition(k) == day]
+    ranges, in_day = partition_coverage(batches, day)
     events, records_twice = _events_of_day(spark, table, day)
     dead = 0
     if DeltaTable.isDeltaTable(spark, table.dead_letters_path):
         dead = spark.read.format("delta").load(table.dead_letters_path).where(F.col("window_start") == day).count()
     restarts = [g.watermark.kafka_end_offsets for g in ledger.generations(table.key).values()
                 if g.status is GenerationStatus.COMMITTED and g.watermark is not None]  # fmt: skip
-    holes = tuple(h.describe() for h in holes_not_restarted(coverage.holes, restarts))
+    holes = tuple(h.describe() for h in holes_not_restarted(in_day, restarts))
     return ChangelogDay(table.key, day, len(keys), ranges, events, dead, sealed, holes, records_twice)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from cdc_platform.model.coverage import OffsetRange
+from cdc_platform.model.coverage import Hole, OffsetRange, walk
 from cdc_platform.model.errors import ChangelogGapError, WindowNotClosedError
 
 KEY_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # a window's key in the ledger (UTC, its start)
@@ -230,3 +230,24 @@ def due_windows(
         if window_key(start) not in recorded and partition_key(start) not in busy:
             yield start, start + step
         start += step
+
+
+def partition_coverage(
+    batches: Mapping[str, Sequence[OffsetRange]], partition: str
+) -> tuple[dict[int, tuple[int, int]], tuple[Hole, ...]]:
+    """A streamed changelog partition's offsets per Kafka partition (first, end) and the
+    holes inside them: offsets between its batches' first and last that no batch of the
+    table holds. Batches of other partitions count: a table whose partitioning changed
+    (hours back to days within a day) has a day partition whose key is its first hour's,
+    with the hours between in partitions of their own; those offsets are in the changelog,
+    once, not missing. ``batches``: every batch key of the table and its ranges."""
+    own = [r for key, ranges in batches.items() if changelog_partition(key) == partition for r in ranges]
+    others = [r for key, ranges in batches.items() if changelog_partition(key) != partition for r in ranges]
+    starts: dict[int, int] = {}
+    ends: dict[int, int] = {}
+    for r in own:
+        starts[r.partition] = min(starts.get(r.partition, r.start), r.start)
+        ends[r.partition] = max(ends.get(r.partition, r.end), r.end)
+    coverage = walk(starts, [*own, *(r for r in others if r.partition in starts)])
+    holes = tuple(h for h in coverage.holes if h.start < ends[h.partition])
+    return {p: (s, ends[p]) for p, s in sorted(starts.items())}, holes

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from cdc_platform.config.model import TableConfig
-from cdc_platform.model.windows import PARTITION_FORMAT, window_key
+from cdc_platform.model.windows import PARTITION_FORMAT, parse_window_key, window_key
 from cdc_platform.orchestration.keys import group_name
 
 
@@ -26,18 +26,25 @@ def changelog_partitions(table: TableConfig) -> dg.TimeWindowPartitionsDefinitio
 
 
 def changelog_days_partitions(table: TableConfig) -> dg.DynamicPartitionsDefinition:
-    """A streamed changelog: one partition per UTC day the stream apply wrote, added when it
-    writes the day's first batch. Days before the table's first generation, or days nothing
-    was applied, do not exist, so none shows as missing; whatever the trigger interval,
-    at most 366 a year."""
-    return dg.DynamicPartitionsDefinition(name=f"{group_name(table)}_changelog_days")
+    """A streamed changelog: one partition per UTC day (or hour, ``changelog.partition``) the
+    stream apply wrote, added when it writes the partition's first batch. Days before the
+    table's first generation, or days nothing was applied, do not exist, so none shows as
+    missing; whatever the trigger interval, at most 366 a year (8 784 hourly)."""
+    hourly = table.changelog.partition == "hour"
+    return dg.DynamicPartitionsDefinition(name=f"{group_name(table)}_changelog_{'hours' if hourly else 'days'}")
 
 
-def day_partition_key(day: str) -> str:
-    """The Dagster partition of a changelog day (``2026-11-25T00:00:00Z`` -> ``2026-11-25``)."""
-    return day[:10]
+DAY_FORMAT, HOUR_FORMAT = "%Y-%m-%d", "%Y-%m-%d-%H:%M"  # Dagster's own daily and hourly keys
+
+
+def day_partition_key(table: TableConfig, day: str) -> str:
+    """The Dagster partition of a streamed changelog partition (``2026-11-25T00:00:00Z`` ->
+    ``2026-11-25``; an hourly table's ``2026-11-25T13:00:00Z`` -> ``2026-11-25-13:00``)."""
+    return parse_window_key(day).strftime(HOUR_FORMAT if table.changelog.partition == "hour" else DAY_FORMAT)
 
 
 def day_window_key(partition: str) -> str:
-    """The changelog day of a Dagster partition (``2026-11-25`` -> ``2026-11-25T00:00:00Z``)."""
-    return window_key(datetime.strptime(partition, "%Y-%m-%d").replace(tzinfo=UTC))
+    """The streamed changelog partition of a Dagster partition (``2026-11-25`` -> ``2026-11-25T00:00:00Z``,
+    ``2026-11-25-13:00`` -> ``2026-11-25T13:00:00Z``)."""
+    fmt = HOUR_FORMAT if len(partition) > len("2026-11-25") else DAY_FORMAT
+    return window_key(datetime.strptime(partition, fmt).replace(tzinfo=UTC))

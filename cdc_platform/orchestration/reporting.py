@@ -195,7 +195,7 @@ class RunlessReporter:
         config = self.tables[day.table].config
         partitions = changelog_days_partitions(config)
         assert partitions.name is not None
-        partition = day_partition_key(day.day)
+        partition = day_partition_key(config, day.day)
         if (partitions.name, partition) not in self.partitions:
             if not self.instance.has_dynamic_partition(partitions.name, partition):
                 self.instance.add_dynamic_partitions(partitions.name, [partition])

@@ -38,7 +38,14 @@ from cdc_platform.lake.verify import VerifyContext, verify_table
 from cdc_platform.model.coverage import walk
 from cdc_platform.model.errors import ChangelogGapError
 from cdc_platform.model.rehydration import changelog_gap
-from cdc_platform.model.windows import DAY_S, BatchPlan, is_batch_key, next_batch_ranges, window_key, window_start
+from cdc_platform.model.windows import (
+    DAY_S,
+    BatchPlan,
+    is_batch_key,
+    next_batch_ranges,
+    window_key,
+    window_start,
+)
 from cdc_platform.orchestration.partitions import day_partition_key
 from cdc_platform.sources import open_source
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
@@ -278,7 +285,7 @@ def _the_keys_check_reads_the_streamed_changelog(env: CaptureEnv, lake: Lake, ke
     changelog = spark.read.format("delta").load(table.changelog_path)
     record = (F.col("kafka_partition") == original.partition) & (F.col("kafka_offset") == original.offset)
     twice = changelog.where(record)
-    assert _day_check_run(env, table, day_partition_key(twice.first()["window_start"])).passed
+    assert _day_check_run(env, table, day_partition_key(table.config, twice.first()["window_start"])).passed
     twice.localCheckpoint().write.format("delta").mode("append").save(table.changelog_path)  # as a doubling bug would
     broken = check_keys(lake.read_current(key), recent_changelog(spark, lake.ledger, table), keys)
     assert (broken.kafka_key_mismatches, broken.kafka_unstable_rows, broken.changelog_records_twice) == (1, 1, 1)
@@ -286,7 +293,7 @@ def _the_keys_check_reads_the_streamed_changelog(env: CaptureEnv, lake: Lake, ke
     assert any('"tenant":1' in s for s in broken.kafka_sample), broken.kafka_sample
     assert f"partition {original.partition} offset {original.offset}" in " ".join(broken.kafka_sample)
     day = twice.first()["window_start"]
-    failed = _day_check_run(env, table, day_partition_key(day))
+    failed = _day_check_run(env, table, day_partition_key(table.config, day))
     assert (failed.passed, failed.metadata["records_twice"].value, failed.metadata["holes"].value) == (False, 1, 0)
     assert failed.description is not None and "1 record(s) twice" in failed.description
     sealed = seal_day(spark, lake.ledger, table, day)
@@ -372,30 +379,12 @@ def test_an_apply_cut_at_any_step_resumes_exactly(one_table_env: CaptureEnv, spa
 
 @pytest.fixture
 def grouped_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
-    """Two tables of one source, ``lines`` in apply group ``big``."""
+    """Two tables of one source, ``lines`` in apply group ``big`` and partitioned by the hour."""
     for env in make_capture_env(demo_db, tmp_path, DDL, ["items", "lines"], source_yaml=STREAMED):
         entry = f"  - name: cap.{env.schema}.lines\n"
-        env.config_path.write_text(env.config_path.read_text().replace(entry, f"{entry}    apply_group: big\n"))
+        settings = "    apply_group: big\n    changelog: {partition: hour}\n"
+        env.config_path.write_text(env.config_path.read_text().replace(entry, entry + settings))
         yield env
-
-
-def test_an_apply_group_applies_its_own_tables_and_the_source_apply_the_rest(
-    grouped_env: CaptureEnv, spark: Any
-) -> None:
-    env = grouped_env
-    lake, (items, lines) = Lake(env.config, spark), _keys(env)
-    _changes(env, seed=21, first_id=1)
-    env.run_until_caught_up()
-    for key in (items, lines):
-        lake.snapshot(key, "g1")
-    _changes(env, seed=22, first_id=1000)
-    env.run_until_caught_up()
-    assert _apply(env, "--once", "--group", "big") == 0
-    assert lake.ledger.batches(lines) and not lake.ledger.batches(items)  # the group's table only
-    assert_current_equals_source(lake, [lines], at_least=20)
-    assert _apply(env, "--once") == 0  # no --group: every group of the source
-    assert lake.ledger.batches(items)
-    assert_current_equals_source(lake, [items, lines], at_least=20)
 
 
 @pytest.fixture
@@ -518,22 +507,27 @@ def test_a_lake_built_by_windows_goes_on_in_the_stream_with_deletion_vectors(env
         _assert_each_offset_once_and_no_hole(lake, spark, key)
 
 
-def test_a_scheduled_run_applies_what_is_available_and_reports_each_table(env: CaptureEnv, spark: Any) -> None:
+def test_a_scheduled_run_applies_what_is_available_and_reports_each_table(grouped_env: CaptureEnv, spark: Any) -> None:
     """The scheduled mode: the source's Dagster job (what ``apply.schedule`` starts) applies
     everything Kafka holds and stops; the run materializes today's changelog partition of
     each table and observes its current (current is materialized by the run that checks it),
-    and a continuous apply holding the source makes it fail."""
+    and a continuous apply holding the source makes it fail. Before it, ``cdc-platform apply
+    --group big`` applies that group's table alone, into hourly changelog partitions."""
     import dagster as dg
 
     from cdc_platform.orchestration.definitions import build_definitions
 
+    env, started = grouped_env, datetime.now(UTC)
     lake, keys = Lake(env.config, spark), _keys(env)
+    items, lines = keys
     _changes(env, seed=21, first_id=1)
     env.run_until_caught_up()
     for key in keys:
         lake.snapshot(key, "g1")
     _changes(env, seed=22, first_id=3000)
     env.run_until_caught_up()
+    assert _apply(env, "--once", "--group", "big") == 0
+    assert lake.ledger.batches(lines) and not lake.ledger.batches(items)  # the group's table only
     defs = build_definitions(env.config_path)
     job = defs.resolve_job_def("cap__apply_job")
     with dg.instance_for_test() as instance:
@@ -544,9 +538,10 @@ def test_a_scheduled_run_applies_what_is_available_and_reports_each_table(env: C
         tables = [key.split(".")[-1] for key in keys]
         assert (materialized, observed) == ({"changelog"}, set(tables))  # changelog days; current of each
         days = [e for e in result.get_asset_materialization_events() if e.asset_key.path[-1] == "changelog"]
-        assert {e.partition for e in days} == {datetime.now(UTC).strftime("%Y-%m-%d")}
+        assert {e.partition for e in days} == {datetime.now(UTC).strftime("%Y-%m-%d")}  # items' (lines was applied)
         assert all(e.materialization.metadata["batches"].value >= 1 for e in days)  # type: ignore[union-attr]
         assert_current_equals_source(lake, keys, at_least=20)
+        _each_changelog_partition_is_a_day_or_an_hour(lake, spark, {items: DAY_S, lines: 3_600}, started)
         _the_ten_minute_run_checks_a_streamed_current(env, defs, instance, keys[0])
         with _engine(env, spark) as holder:  # a continuous apply of the source
             holder.run_pass()
@@ -554,6 +549,19 @@ def test_a_scheduled_run_applies_what_is_available_and_reports_each_table(env: C
         assert not refused.success
         failure = next(e for e in refused.all_events if e.is_step_failure)
         assert "already applied by another process" in str(failure.step_failure_data.error)  # type: ignore[union-attr]
+
+
+def _each_changelog_partition_is_a_day_or_an_hour(
+    lake: Lake, spark: Any, sizes: dict[str, int], started: datetime
+) -> None:
+    """Each table's batches wrote to the changelog partition of the day (or hour) they were planned in."""
+    ended = datetime.now(UTC)
+    for key, size in sizes.items():
+        planned_in = {window_key(window_start(t, size)) for t in (started, ended)}
+        batches = {p.day for p in lake.ledger.batches(key)}
+        changelog = spark.read.format("delta").load(lake.table(key).changelog_path)
+        assert batches and batches <= planned_in
+        assert {r[0] for r in changelog.select("window_start").distinct().collect()} == batches
 
 
 def _the_ten_minute_run_checks_a_streamed_current(env: CaptureEnv, defs: Any, instance: Any, key: str) -> None:

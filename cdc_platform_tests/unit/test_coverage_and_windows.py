@@ -64,6 +64,27 @@ def test_a_day_restarted_by_a_generation_has_no_hole_but_a_real_gap_stays_one() 
     assert holes_not_restarted(holes, [{1: 25}]) == holes  # another partition's offset explains nothing
 
 
+def test_a_partition_s_holes_are_offsets_no_batch_of_the_table_holds() -> None:
+    """A table switched from hours back to days within a day: the day's partition key is its
+    first hour's, so it holds hour 0's batches and the batches after the switch; the hours
+    between are partitions of their own. Their offsets are in the changelog, not a hole."""
+    from cdc_platform.model.windows import batch_key, partition_coverage
+
+    day, hour_1, hour_2 = "2026-11-28T00:00:00Z", "2026-11-28T01:00:00Z", "2026-11-28T02:00:00Z"
+    batches = {
+        batch_key(day, 1): [r(0, 0, 10), r(1, 0, 4)],  # hour 0, hourly
+        batch_key(hour_1, 2): [r(0, 10, 20)],
+        batch_key(hour_2, 3): [r(0, 20, 30), r(1, 4, 9)],
+        batch_key(day, 4): [r(0, 30, 35), r(1, 9, 12)],  # days again: the day's key is hour 0's
+        batch_key("2026-11-29T00:00:00Z", 5): [r(0, 35, 50)],  # the next day
+    }
+    ranges, holes = partition_coverage(batches, day)
+    assert (ranges, holes) == ({0: (0, 35), 1: (0, 12)}, ())
+    assert partition_coverage(batches, hour_1) == ({0: (10, 20)}, ())
+    del batches[batch_key(hour_2, 3)]  # offsets no batch holds: holes inside the day, none past its end
+    assert partition_coverage(batches, day)[1] == (Hole(0, 20, 30), Hole(1, 4, 9))
+
+
 def test_ranges_below_the_start_and_partitions_without_ranges() -> None:
     coverage = walk({0: 100, 2: 7}, [r(0, 0, 50), r(0, 50, 100)])  # all before the watermark
     assert coverage.frontier == {0: 100, 2: 7} and coverage.holes == ()

@@ -398,6 +398,44 @@ def test_a_running_apply_reports_each_changelog_day_and_seals_it_and_idle_tables
         assert len(instance.fetch_observations(dg.AssetKey(["shop", "orders"]), limit=10).records) == 1
 
 
+def test_an_hourly_changelog_is_planned_reported_and_checked_by_the_hour(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    import dagster as dg
+
+    from cdc_platform.lake.apply import TableApplied, stream_partition_now
+    from cdc_platform.lake.changelog import WindowResult
+    from cdc_platform.lake.tables import lake_table
+    from cdc_platform.model.windows import WindowRange
+    from cdc_platform.orchestration.partitions import changelog_days_partitions, day_partition_key, day_window_key
+    from cdc_platform.orchestration.reporting import RunlessReporter
+
+    text = _config(tmp_path, "    apply: {engine: stream}").read_text()
+    (tmp_path / "cdc_platform.yaml").write_text(text + "    changelog: {partition: hour}\n")
+    config = load_config(tmp_path / "cdc_platform.yaml")
+    table = lake_table(config, config.tables[0])
+    now = datetime.now(UTC)
+    assert stream_partition_now(table) == now.strftime("%Y-%m-%dT%H:00:00Z")  # batches planned now write here
+    hour = "2026-11-25T13:00:00Z"
+    assert day_partition_key(table.config, hour) == "2026-11-25-13:00"
+    assert day_window_key("2026-11-25-13:00") == hour and day_window_key("2026-11-25") == DAY
+    assert changelog_days_partitions(table.config).name == "shop_orders_changelog_hours"
+
+    result = WindowResult(batch_key(hour, 1), [WindowRange(0, 0, 5, "")], False, {"u": 5})
+    with dg.DagsterInstance.ephemeral() as instance:
+        RunlessReporter(instance, [table], position=str)(
+            [TableApplied(table.key, batch=batch_key(hour, 1), changelog=result)]
+        )
+        assert instance.get_dynamic_partitions("shop_orders_changelog_hours") == ["2026-11-25-13:00"]
+        [record] = instance.fetch_materializations(dg.AssetKey(["shop", "orders", "changelog"]), limit=10).records
+        assert record.asset_materialization is not None and record.asset_materialization.partition == "2026-11-25-13:00"
+
+    windows = text.replace("    apply: {engine: stream}\n", "")
+    (tmp_path / "cdc_platform.yaml").write_text(windows + "    changelog: {partition: hour}\n")
+    with pytest.raises(ConfigError, match=r"changelog\.partition: .*applied by changelog-window runs.*engine: stream"):
+        load_config(tmp_path / "cdc_platform.yaml")
+
+
 def _day_checks(instance: Any, changelog: Any) -> list[tuple[str | None, bool, str | None]]:
     """The changelog's day check evaluations, newest first: (partition, passed, description)."""
     import dagster as dg
