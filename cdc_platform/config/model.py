@@ -518,6 +518,14 @@ class ChecksConfig(_Strict):
         "whole source table, so a big table may want 1h or 1d.",
     )
 
+    fresh_within_s: float = Field(
+        default=60.0,
+        ge=1,
+        le=86_400,
+        description="A streamed table's fresh check passes while current is at most this far behind the source "
+        "(the age of the newest change it holds) or caught up. Raise it for tables whose consumers can wait.",
+    )
+
     @field_validator("every")
     @classmethod
     def _valid_every(cls, value: str) -> str:

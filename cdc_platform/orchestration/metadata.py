@@ -150,18 +150,18 @@ def current_metadata(
     return metadata
 
 
-FRESH_WITHIN_S = 60.0  # a streamed current this close to the source (or caught up) passes the fresh check
-
-
-def is_fresh(result: CurrentResult, offsets_behind: int | None) -> bool:
-    """Current within ``FRESH_WITHIN_S`` of the source, caught up, or its lag unknown."""
+def is_fresh(result: CurrentResult, offsets_behind: int | None, within_s: float) -> bool:
+    """Current within ``within_s`` (``tables[].checks.fresh_within_s``) of the source, caught
+    up, or its lag unknown."""
     lag = freshness_lag_s(result, offsets_behind)
-    return lag is None or lag <= FRESH_WITHIN_S
+    return lag is None or lag <= within_s
 
 
-def fresh_check_metadata(result: CurrentResult, offsets_behind: int | None, eta_s: float | None = None) -> Metadata:
+def fresh_check_metadata(
+    result: CurrentResult, offsets_behind: int | None, within_s: float, eta_s: float | None = None
+) -> Metadata:
     lag = freshness_lag_s(result, offsets_behind)
-    metadata: Metadata = {"fresh_within_s": dg.MetadataValue.float(FRESH_WITHIN_S)}
+    metadata: Metadata = {"fresh_within_s": dg.MetadataValue.float(within_s)}
     if lag is not None:
         metadata["freshness_lag_s"] = dg.MetadataValue.float(round(lag, 1))
     if offsets_behind is not None:
@@ -174,14 +174,16 @@ def catch_up_metadata(offsets_behind: int | None, eta_s: float | None) -> Metada
     return {"catch_up_eta_s": dg.MetadataValue.float(eta_s)} if offsets_behind and eta_s is not None else {}
 
 
-def fresh_check_description(result: CurrentResult, offsets_behind: int | None, source: str) -> str | None:
+def fresh_check_description(
+    result: CurrentResult, offsets_behind: int | None, within_s: float, source: str
+) -> str | None:
     lag = freshness_lag_s(result, offsets_behind)
-    if lag is None or lag <= FRESH_WITHIN_S:
+    if lag is None or lag <= within_s:
         return None
     return (
         f"current is {lag:.0f} s behind the source ({offsets_behind} offset(s) not applied), more than "
-        f"{FRESH_WITHIN_S:.0f} s: the stream apply is behind (a backlog; its log and catch_up_eta_s say when it "
-        f"is done) or not running (cdc-platform apply --source {source})"
+        f"{within_s:.0f} s (tables[].checks.fresh_within_s): the stream apply is behind (a backlog; its log and "
+        f"catch_up_eta_s say when it is done) or not running (cdc-platform apply --source {source})"
     )
 
 

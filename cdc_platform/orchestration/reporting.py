@@ -5,7 +5,7 @@ every table's state without a run per micro-batch and without an event log that 
   changes applied since the last report, offsets behind, freshness lag and, with a
   backlog, when it is expected to be applied; at most once a minute per table while it
   applies, at once after a rebuild, and every two minutes for a table that had nothing to
-  apply. With each, current's ``fresh`` check: within ``FRESH_WITHIN_S`` of the source, or
+  apply. With each, current's ``fresh`` check: within ``checks.fresh_within_s`` of the source, or
   caught up; a table back within reach after a report that was behind is reported at once.
   Observations, not materializations: Dagster counts a check's result only for the
   materialization it followed, so materializations every minute hid every check result
@@ -89,7 +89,7 @@ class RunlessReporter:
         self.positions, self.idle_every_s = positions, idle_every_s
         self.tables = {t.key: t for t in tables}
         self.last: dict[str, float] = {}  # per table: the last report of current
-        self.behind: set[str] = set()  # tables whose last report was further behind than FRESH_WITHIN_S
+        self.behind: set[str] = set()  # tables whose last report was further behind than their fresh_within_s
         self.last_day: dict[str, float] = {}  # per table: the last report of its changelog day
         self.changes_since: dict[str, int] = {}
         self.days: dict[str, ChangelogDay] = {}  # per table: the day being filled
@@ -117,7 +117,8 @@ class RunlessReporter:
         due = item.current.rebuilt or now - self.last.get(key, -float("inf")) >= self.every_s
         # back within reach of the source after a report that was behind: at once, so the
         # fresh check turns green when current does, not a throttle period later
-        caught_up = key in self.behind and is_fresh(item.current, item.offsets_behind)
+        within_s = self.tables[key].config.checks.fresh_within_s
+        caught_up = key in self.behind and is_fresh(item.current, item.offsets_behind, within_s)
         if not (due or caught_up):
             return
         changes = self.changes_since.pop(key)
@@ -161,13 +162,14 @@ class RunlessReporter:
         self.emit(dg.AssetObservation(asset_key=current_asset_key(config), metadata=metadata))
         if result.history is not None:
             self.emit(dg.AssetObservation(asset_key=history_asset_key(config), metadata=history_metadata(result)))
-        fresh = is_fresh(result, offsets_behind)
+        within_s = config.checks.fresh_within_s
+        fresh = is_fresh(result, offsets_behind, within_s)
         (self.behind.discard if fresh else self.behind.add)(key)
         self.emit_check(
             dg.AssetCheckEvaluation(
                 asset_key=current_asset_key(config), check_name=FRESH_CHECK, passed=fresh,
-                metadata=fresh_check_metadata(result, offsets_behind, eta_s),
-                description=fresh_check_description(result, offsets_behind, config.source),
+                metadata=fresh_check_metadata(result, offsets_behind, within_s, eta_s),
+                description=fresh_check_description(result, offsets_behind, within_s, config.source),
             )
         )  # fmt: skip
 

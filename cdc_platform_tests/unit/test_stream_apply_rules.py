@@ -248,6 +248,38 @@ def test_the_apply_observes_current_and_reports_its_fresh_check(tmp_path: Path) 
         assert len(fresh_checks()) == 4 and instance.fetch_materializations(key, limit=10).records == []
 
 
+def test_a_table_that_may_lag_sets_its_own_fresh_threshold(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    import dagster as dg
+
+    from cdc_platform.lake.apply import TableApplied
+    from cdc_platform.lake.current import CurrentResult
+    from cdc_platform.lake.tables import lake_table
+    from cdc_platform.orchestration.keys import FRESH_CHECK
+    from cdc_platform.orchestration.reporting import RunlessReporter
+
+    text = _config(tmp_path, "    apply: {engine: stream}").read_text()
+    verdicts = []
+    for checks in ("", "    checks: {fresh_within_s: 600}\n"):
+        (tmp_path / "cdc_platform.yaml").write_text(text + checks)
+        config = load_config(tmp_path / "cdc_platform.yaml")
+        table = lake_table(config, config.tables[0])
+        five_minutes_ago = datetime.now(UTC) - timedelta(minutes=5)
+        result = CurrentResult("g1", False, 50, 10, {0: 5}, 123, five_minutes_ago, 0.1)
+        with dg.DagsterInstance.ephemeral() as instance:
+            RunlessReporter(instance, [table], position=str)(
+                [TableApplied(table.key, batch="b", current=result, offsets_behind=900)]
+            )
+            [record] = instance.event_log_storage.get_asset_check_execution_history(
+                dg.AssetCheckKey(dg.AssetKey(["shop", "orders"]), FRESH_CHECK), limit=10
+            )
+            assert record.event is not None and record.event.asset_check_evaluation is not None
+            check = record.event.asset_check_evaluation
+            verdicts.append((check.passed, check.metadata["fresh_within_s"].value))
+    assert verdicts == [(False, 60.0), (True, 600.0)]  # five minutes behind: late by default, fresh at 10 minutes
+
+
 def test_a_backlog_is_logged_with_what_is_left_and_when_it_is_done() -> None:
     from datetime import UTC, datetime, timedelta
 

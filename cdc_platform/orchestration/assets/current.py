@@ -44,7 +44,6 @@ from cdc_platform.orchestration.keys import (
     snapshot_asset_key,
 )
 from cdc_platform.orchestration.metadata import (
-    FRESH_WITHIN_S,
     chain_check_metadata,
     chain_faults,
     changelog_keys_check_description,
@@ -143,8 +142,9 @@ def check_specs(table: TableConfig, streamed: bool = False) -> list[dg.AssetChec
         FRESH_CHECK,
         asset=key,
         description=(
-            f"Current within {FRESH_WITHIN_S:.0f} s of the source (the newest change it holds), or caught up: "
-            "evaluated by the stream apply with each report (every minute while it applies) and by the check run "
+            f"Current within {table.checks.fresh_within_s:.0f} s (checks.fresh_within_s) of the source (the "
+            "newest change it holds), or caught up: evaluated by the stream apply with each report (every "
+            "minute while it applies) and by the check run "
             f"(every {table.checks.every}) from the ledger and the topic's end offsets, so an apply that stopped "
             "fails it too."
         ),
@@ -281,10 +281,10 @@ class CurrentStep:
                 asset_key=history_asset_key(self.table.config), metadata=history_metadata(result)
             )
         if self.streamed:  # the apply reports it each minute; a stopped apply reports nothing, so this run does too
-            description = fresh_check_description(result, behind_by, self.table.source)
-            yield self._check(
-                FRESH_CHECK, is_fresh(result, behind_by), fresh_check_metadata(result, behind_by), description
-            )
+            within_s = self.table.config.checks.fresh_within_s
+            description = fresh_check_description(result, behind_by, within_s, self.table.source)
+            metadata = fresh_check_metadata(result, behind_by, within_s)
+            yield self._check(FRESH_CHECK, is_fresh(result, behind_by, within_s), metadata, description)
         yield from self.checks(schema, result, committed)
 
     def offsets_behind(self, result: CurrentResult) -> int:
