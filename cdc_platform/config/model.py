@@ -27,6 +27,7 @@ from pydantic import (
 from cdc_platform.config.producers import DebeziumProducer, PlatformProducer
 from cdc_platform.envelope.encoding import ValueEncoding
 from cdc_platform.model.errors import MissingSecretError
+from cdc_platform.model.leases import DEFAULT_GROUP as DEFAULT_APPLY_GROUP
 
 # Postgres identifiers as they appear in config: either plain (letters, digits, _, $) or
 # anything in double quotes ("Order Items"). Quoting is preserved to the SQL layer.
@@ -86,9 +87,6 @@ class ErrorTolerance(StrEnum):
 
     NONE = "none"
     ALL = "all"
-
-
-DEFAULT_APPLY_GROUP = "default"  # a source's tables without apply_group (model.leases.DEFAULT_GROUP)
 
 
 class ApplyEngine(StrEnum):
