@@ -68,6 +68,37 @@ if ((!PYTHON_ONLY)) && ! locale -a 2>/dev/null | grep -qix 'de_DE.utf8'; then
   $LOCALE_SUDO localedef -i de_DE -f UTF-8 de_DE.UTF-8 || die "localedef de_DE.UTF-8 failed (package locales)"
 fi
 
+# --- JVM jars -------------------------------------------------------------------
+resolve_jars() {  # $1 = name under stack/jvm/ and .cdc/jars/
+  local name="$1" pom="stack/jvm/$1/pom.xml" out="$STATE/jars/$1"
+  local stamp; stamp="$(sha256sum "$pom" | cut -c1-16)"
+  if [[ "$(cat "$STATE/stamps/jars-$name" 2>/dev/null)" == "$stamp" ]] && compgen -G "$out/*.jar" >/dev/null; then
+    return
+  fi
+  say "resolving $name jars with mvn (pinned in $pom)"
+  rm -rf "$out"
+  mvn -q -B -s "${CDC_MVN_SETTINGS:-stack/jvm/settings.xml}" -f "$pom" dependency:copy-dependencies -DoutputDirectory="$out" -DincludeScope=runtime \
+    > "$STATE/logs/mvn-$name.log" 2>&1 \
+    || { tail -20 "$STATE/logs/mvn-$name.log" >&2; die "mvn could not resolve $name jars; see .cdc/logs/mvn-$name.log"; }
+  echo "$stamp" > "$STATE/stamps/jars-$name"
+}
+resolve_all_jars() {
+  resolve_jars kafka
+  resolve_jars spark
+  resolve_jars connect   # Kafka Connect worker (test stack: the Debezium producer)
+  resolve_jars debezium  # the Debezium PostgreSQL connector, on the worker's classpath
+}
+# The jars download while pip installs (both wait on the network, not the CPU): on a fresh
+# machine that saves minutes. One mvn at a time, as Maven's local repository is not safe
+# for concurrent writers; a failure still stops the bootstrap, after pip, with mvn's log.
+jars_pid=""
+if ((!PYTHON_ONLY)); then
+  resolve_all_jars &
+  jars_pid=$!
+  # a failed pip install must not leave mvn running behind the bootstrap's exit
+  trap '[[ -n "$jars_pid" ]] && kill "$jars_pid" 2>/dev/null' EXIT
+fi
+
 # --- Python venv --------------------------------------------------------------
 PY="$(command -v python3.11 || true)"
 [[ -n "$PY" ]] || die "python3.11 not found after install"
@@ -84,25 +115,8 @@ if [[ "$(cat "$STATE/stamps/pip" 2>/dev/null)" != "$pip_stamp" ]] || ! .venv/bin
 fi
 
 ((PYTHON_ONLY)) && { say "ready (python only)"; exit 0; }
-
-# --- JVM jars -------------------------------------------------------------------
-resolve_jars() {  # $1 = name under stack/jvm/ and .cdc/jars/
-  local name="$1" pom="stack/jvm/$1/pom.xml" out="$STATE/jars/$1"
-  local stamp; stamp="$(sha256sum "$pom" | cut -c1-16)"
-  if [[ "$(cat "$STATE/stamps/jars-$name" 2>/dev/null)" == "$stamp" ]] && compgen -G "$out/*.jar" >/dev/null; then
-    return
-  fi
-  say "resolving $name jars with mvn (pinned in $pom)"
-  rm -rf "$out"
-  mvn -q -B -s "${CDC_MVN_SETTINGS:-stack/jvm/settings.xml}" -f "$pom" dependency:copy-dependencies -DoutputDirectory="$out" -DincludeScope=runtime \
-    > "$STATE/logs/mvn-$name.log" 2>&1 \
-    || { tail -20 "$STATE/logs/mvn-$name.log" >&2; die "mvn could not resolve $name jars; see .cdc/logs/mvn-$name.log"; }
-  echo "$stamp" > "$STATE/stamps/jars-$name"
-}
-resolve_jars kafka
-resolve_jars spark
-resolve_jars connect   # Kafka Connect worker (test stack: the Debezium producer)
-resolve_jars debezium  # the Debezium PostgreSQL connector, on the worker's classpath
+wait "$jars_pid" || { jars_pid=""; die "the JVM jars could not be resolved (see the mvn output above)"; }
+jars_pid=""
 
 # --- the Spark driver's class archive -------------------------------------------
 # Spark's classes as a warm JVM loaded them, mapped by every later driver instead of parsed
