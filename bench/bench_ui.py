@@ -74,7 +74,7 @@ class Page:
 
 
 async def measure(rounds: int) -> dict[str, list[float]]:
-    with tempfile.TemporaryDirectory(prefix="cdc-bench-ui-") as profile:
+    with tempfile.TemporaryDirectory(prefix="cdc-bench-ui-", ignore_cleanup_errors=True) as profile:
         browser = subprocess.Popen(
             [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1600,1000",
              f"--remote-debugging-port={DEBUG_PORT}", "--remote-debugging-address=127.0.0.1", "about:blank"],

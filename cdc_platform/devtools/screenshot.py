@@ -38,7 +38,7 @@ def chromium() -> str:
 
 def capture_page(url: str, out: Path, width: int = 1600, height: int = 1000, wait_ms: int = 15000) -> str:
     """Screenshot ``url`` into ``out`` (PNG) once its scripts ran; returns the page's text."""
-    with tempfile.TemporaryDirectory(prefix="cdc-chromium-") as profile:
+    with tempfile.TemporaryDirectory(prefix="cdc-chromium-", ignore_cleanup_errors=True) as profile:
         common = [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--virtual-time-budget={wait_ms}"]
         shot = subprocess.run(
             [*common, f"--window-size={width},{height}", f"--screenshot={out}", url],

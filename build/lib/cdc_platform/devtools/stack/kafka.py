@@ -1,0 +1,198 @@
+"""A single-node KRaft Kafka (broker + controller) from the Maven Central jars that
+scripts/bootstrap.sh resolved into ``.cdc/jars/kafka``."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from cdc_platform.devtools.stack.procs import is_alive, port_open, read_pid, recorded_process, terminate, write_pid
+from cdc_platform.devtools.stack.profiles import StackProfile, state_root
+
+LOG4J2_PROPERTIES = """\
+status = warn
+appender.console.type = Console
+appender.console.name = STDOUT
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.controller.name = org.apache.kafka.controller
+logger.controller.level = WARN
+logger.state.name = state.change.logger
+logger.state.level = WARN
+"""
+
+
+class KafkaError(RuntimeError):
+    pass
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, base64url without padding.
+
+    One id in 64 would start with '-', which kafka-storage's argument parser reads as an
+    option ("argument --cluster-id/-t: expected one argument"); Kafka's own
+    Uuid.randomUuid() draws again in that case, and so do we."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+def jars_dir() -> Path:
+    return state_root() / "jars" / "kafka"
+
+
+def _classpath() -> str:
+    jars = jars_dir()
+    if not any(jars.glob("kafka_2.13-*.jar")):
+        raise KafkaError(f"Kafka jars not found in {jars}; run scripts/bootstrap.sh (it resolves them with mvn)")
+    return f"{jars}/*"
+
+
+def _java() -> str:
+    java = shutil.which("java")
+    if not java:
+        raise KafkaError("java not found on PATH; run scripts/bootstrap.sh (it installs openjdk-17-jre-headless)")
+    return java
+
+
+class LocalKafka:
+    def __init__(self, profile: StackProfile) -> None:
+        self.profile = profile
+        self.root = profile.root / "kafka"
+        self.data = self.root / "data"
+        self.props = self.root / "server.properties"
+        self.log4j = self.root / "log4j2.properties"
+        self.log = profile.logs / "kafka.log"
+        self.pid_file = profile.pids / "kafka.pid"
+
+    def running_pid(self) -> int | None:
+        return recorded_process(self.pid_file, str(self.props))
+
+    def up(self, timeout_s: float = 90.0) -> bool:
+        """Start the broker if it is not running. Returns True if we started it."""
+        started = False
+        if self.running_pid() is None:
+            for port in (self.profile.kafka_port, self.profile.controller_port):
+                if port_open("127.0.0.1", port):
+                    raise KafkaError(
+                        f"port 127.0.0.1:{port} is taken by a process this stack did not start; "
+                        f"stop it, or run the '{self.profile.name}' profile elsewhere"
+                    )
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._write_config()
+            if not (self.data / "meta.properties").exists():
+                self._format()
+            self._start()
+            started = True
+        self._wait_ready(timeout_s)
+        return started
+
+    def down(self) -> bool:
+        pid = self.running_pid()
+        if pid is None:
+            return False
+        terminate(pid, timeout_s=30)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def _write_config(self) -> None:
+        p = self.profile
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.bootstrap.servers": f"127.0.0.1:{p.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{p.kafka_port},CONTROLLER://127.0.0.1:{p.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{p.kafka_port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.data),
+            "num.partitions": "3",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "5",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            # topics are created by the platform with explicit partitions and cleanup policy
+            "auto.create.topics.enable": "false",
+            "log.retention.check.interval.ms": "10000",
+            "log.cleaner.backoff.ms": "5000",
+        }
+        self.props.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        self.log4j.write_text(LOG4J2_PROPERTIES)
+
+    def _jvm(self, main: str, *args: str, heap: str = "256m") -> list[str]:
+        return [
+            _java(),
+            f"-Xmx{heap}",
+            "-Xms256m",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.log4j}",
+            "-cp",
+            _classpath(),
+            main,
+            *args,
+        ]
+
+    def _format(self) -> None:
+        cluster_id = new_cluster_id()
+        result = subprocess.run(
+            self._jvm("kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id, "-c", str(self.props)),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise KafkaError(
+                f"formatting Kafka storage in {self.data} failed:\n{result.stdout[-1500:]}{result.stderr[-1500:]}"
+            )
+
+    def _start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as log:
+            proc = subprocess.Popen(
+                self._jvm("kafka.Kafka", str(self.props), heap="768m"),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # survives the CLI that started it; stopped by pid
+                cwd=self.root,
+                env={**os.environ, "KAFKA_HEAP_OPTS": ""},
+            )
+        write_pid(self.pid_file, proc.pid)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + timeout_s
+        bootstrap = self.profile.kafka_bootstrap
+        last = "no answer"
+        pid = read_pid(self.pid_file)
+        while time.monotonic() < deadline:
+            # liveness by pid only: right after the fork the child may not have exec'd
+            # java yet, so its command line does not show our marker
+            if pid is None or not is_alive(pid):
+                raise KafkaError(f"Kafka exited during startup on {bootstrap}; see {self.log}")
+            if port_open("127.0.0.1", self.profile.kafka_port):
+                try:
+                    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+                    metadata = admin.list_topics(timeout=3)
+                    if metadata.brokers:
+                        return
+                except Exception as exc:  # librdkafka raises KafkaException while the broker boots
+                    last = str(exc)
+            time.sleep(0.5)
+        raise KafkaError(f"Kafka did not start on {bootstrap} within {timeout_s:.0f} s ({last}); see {self.log}")

@@ -1,0 +1,257 @@
+"""The one Kafka client factory, and the offset questions the platform asks Kafka.
+
+Every consumer, producer and admin client of the platform is built here from the
+``kafka:`` config (TLS/SASL options included, secrets from the environment), with one
+group-id scheme (``cdc_platform.<purpose>``; the platform never commits consumer
+offsets: positions live in the ledger). Each question opens a client, asks, and closes
+it; a partition whose leader is moving is asked again with backoff. Other broker trouble
+is a ``RetriableError``; a missing topic is an empty answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from cdc_platform.config.model import KafkaConfig
+from cdc_platform.model.errors import FatalError, RetriableError
+from cdc_platform.model.windows import PartitionFacts
+
+TIMEOUT_S = 15.0
+# "not the leader" lasts while a new topic's leader is elected or a restarted broker takes
+# its partitions back: a few seconds, so 0.25 s doubling over 6 attempts waits up to ~8 s
+LEADERSHIP_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
+ASK_ATTEMPTS = 6
+ASK_FIRST_BACKOFF_S = 0.25
+T = TypeVar("T")
+
+__all__ = ["KafkaClients", "PartitionFacts", "worker_consumer"]
+
+
+# the changelog's reads, Python's consumers and Spark's Kafka source alike (nothing committed)
+CHANGELOG_GROUP_ID = "cdc_platform.changelog"
+
+
+def producer_settings() -> dict[str, Any]:
+    """How every platform producer writes: idempotent, acks from all replicas, and the
+    Java-compatible partitioner so every client agrees on a key's partition."""
+    return {
+        "enable.idempotence": True,
+        "acks": "all",
+        "partitioner": "murmur2_random",
+        "linger.ms": 20,
+        "compression.type": "lz4",
+        "message.timeout.ms": 120_000,
+    }
+
+
+class KafkaClients:
+    def __init__(self, kafka: KafkaConfig) -> None:
+        self.kafka = kafka
+
+    # ------------------------------------------------------------ clients
+
+    def consumer(self, purpose: str, **overrides: Any) -> Consumer:
+        settings = {
+            **self.kafka.client_config(),
+            "group.id": f"cdc_platform.{purpose}",
+            "enable.auto.commit": False,
+            **overrides,
+        }
+        return Consumer(settings)
+
+    def producer(self, **overrides: Any) -> Producer:
+        return Producer({**self.kafka.client_config(), **producer_settings(), **overrides})
+
+    def admin(self) -> AdminClient:
+        return AdminClient(self.kafka.client_config())
+
+    def _ask(self, purpose: str, question: Callable[[Consumer], T]) -> T:
+        """``question`` asked of a fresh consumer; asked again with backoff while a broker
+        answers that it is not (yet) the partition's leader, which a new topic's election or
+        a broker restart answers for a few seconds. Other broker trouble, or a leader that
+        does not come, is a ``RetriableError`` for the caller's own retry."""
+        delay = ASK_FIRST_BACKOFF_S
+        for attempt in range(1, ASK_ATTEMPTS + 1):
+            consumer = self.consumer(purpose)
+            try:
+                return question(consumer)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                code = error.code() if isinstance(error, KafkaError) else None
+                if code not in LEADERSHIP_MOVING or attempt == ASK_ATTEMPTS:
+                    raise RetriableError(
+                        f"Kafka at {self.kafka.bootstrap_servers} did not answer ({purpose}): {exc}"
+                    ) from None
+            finally:
+                consumer.close()
+            time.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    # ------------------------------------------------------------ offsets
+
+    def partitions(self, topic: str) -> list[int] | None:
+        """The topic's partitions, or None if it does not exist."""
+        return self._ask("metadata", lambda consumer: _partitions(consumer, topic))
+
+    def watermarks(self, topic: str) -> dict[int, tuple[int, int]]:
+        """Partition -> (earliest offset held, end offset); {} for a missing topic."""
+        return self._ask("offsets", lambda consumer: _watermarks(consumer, topic))
+
+    def watermarks_of(self, topics: Sequence[str]) -> dict[str, dict[int, tuple[int, int]]]:
+        """``watermarks`` of several topics with one client (a stream apply's pass)."""
+        return self._ask("offsets", lambda consumer: {topic: _watermarks(consumer, topic) for topic in topics})
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        return {p: high for p, (_, high) in self.watermarks(topic).items()}
+
+    def earliest_offsets(self, topic: str) -> dict[int, int]:
+        return {p: low for p, (low, _) in self.watermarks(topic).items()}
+
+    def offsets_for_time(self, topic: str, partitions: Sequence[int], when: datetime) -> dict[int, int | None]:
+        """Per partition, the first offset whose timestamp is at or after ``when`` (None: none yet)."""
+        if not partitions:
+            return {}
+        millis = int(when.timestamp() * 1000)
+        wanted = [TopicPartition(topic, p, millis) for p in partitions]
+        found = self._ask("offsets", lambda consumer: consumer.offsets_for_times(wanted, timeout=TIMEOUT_S))
+        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
+
+    def every_partition_past(self, topic: str, when: datetime) -> bool:
+        """Every partition of the topic holds a record at or after ``when``."""
+        partitions = self.partitions(topic)
+        if not partitions:
+            return False
+        return all(o is not None for o in self.offsets_for_time(topic, partitions, when).values())
+
+    def window_facts(
+        self, topic: str, start: datetime, end: datetime, fixed_start: set[int], fixed_end: set[int]
+    ) -> dict[int, PartitionFacts]:
+        """What planning a window needs per partition; edges fixed by recorded neighbours
+        are not looked up by time."""
+        marks = self.watermarks(topic)
+        if not marks:
+            return {}
+        at_start = self.offsets_for_time(topic, [p for p in marks if p not in fixed_start], start)
+        at_end = self.offsets_for_time(topic, [p for p in marks if p not in fixed_end], end)
+        return {p: PartitionFacts(low, high, at_start.get(p), at_end.get(p)) for p, (low, high) in marks.items()}
+
+    def latest_values(self, topic: str, purpose: str, wait_s: float = 60.0) -> dict[bytes, bytes | None]:
+        """Key -> newest value of a single-partition compacted topic (heartbeats, stored
+        cursors), read from its start to its end."""
+
+        def read(consumer: Consumer) -> dict[bytes, bytes | None]:
+            if _partitions(consumer, topic) is None:
+                return {}
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=TIMEOUT_S)
+            if high <= low:
+                return {}
+            consumer.assign([TopicPartition(topic, 0, low)])
+            return _read_to(consumer, topic, high, wait_s)
+
+        return self._ask(purpose, read)
+
+    def last_value(self, topic: str, purpose: str) -> bytes | None:
+        """The value of the newest record of a single-partition topic (None: none)."""
+
+        def read(consumer: Consumer) -> bytes | None:
+            if _partitions(consumer, topic) is None:
+                return None
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=TIMEOUT_S)
+            if high <= low:
+                return None
+            consumer.assign([TopicPartition(topic, 0, high - 1)])
+            msg = consumer.poll(TIMEOUT_S)
+            return None if msg is None or msg.error() else msg.value()
+
+        return self._ask(purpose, read)
+
+    # ------------------------------------------------------------ topics
+
+    def ensure_topics(self, data_topics: Sequence[str], single_partition_compacted: Sequence[str] = ()) -> None:
+        """Create missing topics: change topics with the configured partitions and cleanup
+        policy; bookkeeping topics (heartbeats, stored cursors) compacted with one partition."""
+        from confluent_kafka.cimpl import NewTopic
+
+        admin = self.admin()
+        try:
+            existing = set(admin.list_topics(timeout=TIMEOUT_S).topics)
+        except KafkaException as exc:
+            raise RetriableError(f"Kafka unreachable at {self.kafka.bootstrap_servers}: {exc}") from None
+        k = self.kafka
+        wanted = [
+            NewTopic(t, num_partitions=k.partitions, replication_factor=k.replication_factor,
+                     config={"cleanup.policy": k.cleanup_policy})
+            for t in sorted(set(data_topics)) if t not in existing
+        ] + [
+            NewTopic(t, num_partitions=1, replication_factor=k.replication_factor, config={"cleanup.policy": "compact"})
+            for t in sorted(set(single_partition_compacted)) if t not in existing
+        ]  # fmt: skip
+        for topic, future in admin.create_topics(wanted, request_timeout=30).items() if wanted else []:
+            _created(topic, future)
+
+
+def _created(topic: str, future: Any) -> None:
+    try:
+        future.result(timeout=60)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        code = error.code() if isinstance(error, KafkaError) else None
+        if code == KafkaError.TOPIC_ALREADY_EXISTS:
+            return
+        if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise FatalError(f"not authorized to create Kafka topic {topic}; create it or grant ACLs") from None
+        raise RetriableError(f"creating Kafka topic {topic} failed: {exc}") from None
+
+
+def _partitions(consumer: Consumer, topic: str) -> list[int] | None:
+    found = consumer.list_topics(topic, timeout=TIMEOUT_S).topics.get(topic)
+    if found is None or found.error is not None:
+        return None
+    return sorted(found.partitions)
+
+
+def _watermarks(consumer: Consumer, topic: str) -> dict[int, tuple[int, int]]:
+    return {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT_S)
+        for p in _partitions(consumer, topic) or []
+    }
+
+
+def _read_to(consumer: Consumer, topic: str, high: int, wait_s: float) -> dict[bytes, bytes | None]:
+    values: dict[bytes, bytes | None] = {}
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        msg = consumer.poll(1.0)
+        if msg is None or msg.error():
+            continue
+        values[msg.key() or b""] = msg.value()
+        if (msg.offset() or 0) >= high - 1:
+            return values
+    raise RetriableError(f"reading {topic} to its end timed out after {wait_s:.0f} s")
+
+
+def worker_options(kafka: KafkaConfig) -> dict[str, str]:
+    """What a Spark task needs to build its consumer: client settings (TLS/SASL included)
+    without the secrets, which the task reads from its environment by name, so they never
+    travel in Spark's plan."""
+    secret_keys = set(kafka.secret_options_env)
+    client = {k: v for k, v in kafka.client_config(resolve_secrets=False).items() if k not in secret_keys}
+    return {"client_config": json.dumps(client), "secret_options_env": json.dumps(kafka.secret_options_env)}
+
+
+def worker_consumer(options: Mapping[str, str]) -> Consumer:
+    """A Spark task's consumer, from ``worker_options`` (secrets read here, in the worker)."""
+    settings: dict[str, Any] = json.loads(options["client_config"])
+    for key, env_var in json.loads(options.get("secret_options_env", "{}")).items():
+        settings[key] = os.environ[env_var]
+    settings.update({"group.id": CHANGELOG_GROUP_ID, "enable.auto.commit": False, "auto.offset.reset": "error"})
+    return Consumer(settings)

@@ -1,0 +1,580 @@
+"""Changelog windows: Kafka offset ranges fixed once (``model.windows``), read in parallel,
+decoded with the table's registered schema, written idempotently, recorded in the ledger.
+
+The lake side never asks the source to process records: the schema comes from the
+ledger (registered with each generation). Only when records carry a column the
+registered schema lacks (a schema change) is ``refresh_schema`` called, which asks the
+source and registers the change if the table's compatibility mode allows it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from cdc_platform.config.model import ErrorTolerance, KafkaConfig
+from cdc_platform.kafka.clients import KafkaClients, worker_options
+from cdc_platform.lake.crash_points import crash_point
+from cdc_platform.lake.current import AUTO_COMPACT, BatchSummary
+from cdc_platform.lake.lake_types import row_type
+from cdc_platform.lake.ledger import Ledger
+from cdc_platform.lake.tables import LakeTable, table_options
+from cdc_platform.model.coverage import holes_not_restarted
+from cdc_platform.model.errors import (
+    ChangelogGapError,
+    DeadLetterError,
+    FatalError,
+    NoGenerationError,
+    SchemaIncompatibleError,
+)
+from cdc_platform.model.generations import GenerationStatus
+from cdc_platform.model.tables import TableSchema
+from cdc_platform.model.windows import (
+    BatchPlan,
+    WindowPlan,
+    WindowRange,
+    changelog_partition,
+    is_batch_key,
+    neighbours,
+    partition_coverage,
+    plan_window,
+    window_key,
+)
+
+log = logging.getLogger("cdc_platform.changelog")
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+# given the columns a window's records carry that the registered schema lacks: the
+# refreshed schema (registered), or None when the source does not know them either
+SchemaRefresh = Callable[[set[str]], TableSchema | None]
+
+
+@dataclass
+class WindowResult:
+    window_start: str
+    ranges: list[WindowRange]
+    reused_ranges: bool
+    events: dict[str, int] = field(default_factory=dict)  # by op, plus "tombstone"
+    dead_letters: int = 0
+    rows: int = 0
+    min_commit_lsn: int | None = None
+    max_commit_lsn: int | None = None
+    duration_s: float = 0.0
+    schema_registered: bool = False  # the window brought a compatible schema change
+
+
+def plan(ledger: Ledger, kafka: KafkaClients, table: LakeTable, start: datetime, end: datetime) -> WindowPlan:
+    """The window's ranges: recorded ones for a re-run, else from Kafka's offsets."""
+    recorded = ledger.windows(table.key)
+    committed = ledger.committed(table.key)
+    floor = committed.watermark.kafka_end_offsets if committed and committed.watermark else {}
+    key, end_key = window_key(start), window_key(end)
+    if key in recorded:
+        return WindowPlan(key, recorded[key], reused=True)
+    previous, following = neighbours(key, end_key, recorded)
+    facts = kafka.window_facts(table.topic, start, end, set(previous), set(following))
+    if not facts:
+        from cdc_platform.model.errors import WindowNotClosedError
+
+        raise WindowNotClosedError(f"topic {table.topic} does not exist yet (has capture run?)")
+    grace = table.config.changelog.grace_s
+    return plan_window(table.key, start, end, recorded, facts, datetime.now(UTC), grace, floor)
+
+
+def materialize_window(
+    spark: SparkSession, ledger: Ledger, kafka: KafkaClients, table: LakeTable, start: datetime, end: datetime,
+    refresh_schema: SchemaRefresh | None = None,
+) -> WindowResult:  # fmt: skip
+    started = time.monotonic()
+    schema = _registered_schema(ledger, table)
+    window = plan(ledger, kafka, table, start, end)
+    decoded = _decode(spark, kafka, table, window, schema, refresh_schema)
+    try:
+        result = _write_window(spark, table, window, decoded)
+    finally:
+        decoded.release()
+    if not window.reused:  # fixed once, after the data: later runs reuse exactly these ranges
+        ledger.record_window(table.key, window)
+    result.duration_s = round(time.monotonic() - started, 3)
+    return result
+
+
+def materialize_batch(
+    spark: SparkSession, ledger: Ledger, table: LakeTable, kafka: KafkaClients, batch: BatchPlan,
+    refresh_schema: SchemaRefresh | None = None, retry: bool = False,
+) -> DecodedBatch:  # fmt: skip
+    """A stream apply's micro-batch: the planned offsets decoded and appended to the
+    changelog with the batch's identity in the commit (``retry``: a batch an interrupted
+    process planned; its append is skipped if it had committed), then recorded as a
+    changelog range set. The decoded rows stay cached for the merge into current (the
+    caller releases them): nothing is read back."""
+    started = time.monotonic()
+    schema = _registered_schema(ledger, table)
+    window = batch.as_window(reused=False)
+    decoded = _decode(spark, kafka, table, window, schema, refresh_schema)
+    try:
+        decoded.result = _write_window(spark, table, window, decoded, BatchWrite(batch.number, retry))
+        crash_point("apply.changelog_written")
+        ledger.record_window(table.key, window)
+    except BaseException:
+        decoded.release()
+        raise
+    decoded.result.duration_s = round(time.monotonic() - started, 3)
+    return decoded
+
+
+@dataclass
+class DecodedBatch:
+    """A window's or batch's decoded records (cached) and what one pass over them found."""
+
+    frame: DataFrame  # every record: change rows, tombstones, and errors (dead letters)
+    events: dict[str, int]  # by op, plus "tombstone"
+    dead_letters: int
+    unknown_columns: set[str]
+    summary: BatchSummary  # for the merge into current (and the window's commit positions)
+    schema_registered: bool = False
+    result: WindowResult | None = None
+    python_rows: int = 0  # records Spark SQL left to the Python decoder (``jvm_decode``)
+    held: list[DataFrame] = field(default_factory=list)  # cached frames ``frame`` is built on
+
+    def changes(self) -> DataFrame:
+        """The change events the merge applies (decoded, with an op)."""
+        from pyspark.sql import functions as F
+
+        return self.frame.where(F.col("error").isNull() & F.col("op").isNotNull())
+
+    def release(self) -> None:
+        for frame in (self.frame, *self.held):
+            frame.unpersist()
+
+
+def _registered_schema(ledger: Ledger, table: LakeTable) -> TableSchema:
+    schema = ledger.latest_schema(table.key)
+    if schema is None:
+        raise NoGenerationError(
+            f"{table.key} has no registered schema (no committed generation): the changelog decodes with the "
+            f"schema a generation registers; run: cdc-platform snapshot {table.key}"
+        )
+    return schema
+
+
+def transaction_app_id(table: LakeTable) -> str:
+    """The Delta ``txnAppId`` of a table's stream batches (``txnVersion`` = the batch number)."""
+    return f"cdc_platform.apply.{table.key}"
+
+
+def _decode(
+    spark: SparkSession, kafka: KafkaClients, table: LakeTable, window: WindowPlan, schema: TableSchema,
+    refresh_schema: SchemaRefresh | None,
+) -> DecodedBatch:  # fmt: skip
+    """The window's records decoded (cached) with the registered schema, or with the
+    refreshed one when records carry columns it lacks."""
+    decoded = _read_decoded(spark, kafka, table, window, schema)
+    _ensure_nothing_deleted(kafka, table, window, decoded)
+    if not decoded.unknown_columns:
+        return decoded
+    decoded.release()
+    unknown = decoded.unknown_columns
+    refreshed = refresh_schema(unknown) if refresh_schema is not None else None
+    if refreshed is None or not unknown <= set(refreshed.names):
+        raise SchemaIncompatibleError(
+            f"window {window.key} of {table.key}: records carry column(s) {sorted(unknown)} that the registered "
+            "schema does not have and that could not be registered (the source is unreachable, or the change is "
+            f"incompatible under {table.config.compatibility.value}); nothing was written. A new generation "
+            f"registers the source's schema: cdc-platform rehydrate {table.key}"
+        )
+    again = _read_decoded(spark, kafka, table, window, refreshed)
+    again.schema_registered = True
+    return again
+
+
+def _ensure_nothing_deleted(kafka: KafkaClients, table: LakeTable, window: WindowPlan, decoded: DecodedBatch) -> None:
+    """Raise a changelog gap if retention or DeleteRecords may have removed records of the
+    window before they were read. Spark's Kafka source skips missing offsets silently (it
+    must: compaction leaves them), and a planned batch can wait long (its process died):
+    without this, the batch would be recorded as applied with changes missing, and the
+    frontier would move past the hole where the rehydration sensor looks for it. A topic's
+    earliest offset only moves forward, so if every range still starts at or after it
+    *after* the read, nothing of the window was deleted before or during the read."""
+    earliest = {p: low for p, (low, _) in kafka.watermarks(table.topic).items()}
+    lost = [(r.partition, r.start, earliest[r.partition]) for r in window.ranges
+            if r.end > r.start and earliest.get(r.partition, 0) > r.start]  # fmt: skip
+    if not lost:
+        return
+    decoded.release()
+    detail = "; ".join(f"partition {p} from offset {start} (Kafka now starts at {low})" for p, start, low in lost)
+    raise ChangelogGapError(
+        f"{table.key}: records of {window.key} were deleted by retention or DeleteRecords before they were read: "
+        f"{detail}; nothing of it was written. The changelog has a hole: the table needs a new generation "
+        f"(the rehydration sensor starts one; or: cdc-platform rehydrate {table.key})"
+    )
+
+
+DEAD = "__dead_letter"
+PYTHON = "__python"
+
+
+def _read_decoded(
+    spark: SparkSession, kafka: KafkaClients, table: LakeTable, window: WindowPlan, schema: TableSchema
+) -> DecodedBatch:
+    """The window's records decoded and cached, with what one pass over them found. In the
+    JVM, the records Spark SQL decodes exactly are cached as they come out of it, and only
+    the others (usually none) go through the Python decoder: the common batch never leaves
+    the JVM (the pass-through Arrow hop of ``decode_raw`` is for readers that do not cache)."""
+    from pyspark.sql import functions as F
+
+    if not decodes_in_jvm(table, kafka.kafka):
+        return _decoded(read_ranges(spark, kafka, table, window, schema).cache())
+    from cdc_platform.lake.jvm_decode import change_schema_of, exact_rows, jvm_decoded, python_decoded, read_raw
+
+    spans = [(r.partition, r.start, r.end) for r in window.ranges]
+    raw = read_raw(spark, kafka.kafka.bootstrap_servers, table.topic, spans)
+    rows = jvm_decoded(raw, schema, table.encoding).cache()
+    columns = [*change_schema_of(schema).names, "window_start"]
+    in_window = F.lit(changelog_partition(window.key))
+    first = _decoded(rows.withColumn("window_start", in_window))
+    if first.python_rows == 0:  # every record decoded in Spark SQL: the counts stand
+        return replace(first, frame=first.frame.select(*columns), held=[rows])
+    python = python_decoded(rows, schema, table.encoding).withColumn("window_start", in_window).cache()
+    exact = exact_rows(rows, schema).withColumn("window_start", in_window)
+    return replace(_decoded(exact.unionByName(python)), held=[rows, python])
+
+
+def _decoded(frame: DataFrame) -> DecodedBatch:
+    """One Spark job over the cached records: counts by op, dead letters, columns the
+    schema does not know, and the merge's summary (positions, time, newest truncate).
+    Records a ``__jvm`` column marks for the Python decoder are only counted."""
+    from pyspark.sql import functions as F
+
+    kind = F.when(F.col("error").isNotNull(), F.lit(DEAD)).when(F.col("op").isNull(), F.lit("tombstone"))
+    if "__jvm" in frame.columns:
+        kind = F.when(~F.col("__jvm"), F.lit(PYTHON)).otherwise(kind.otherwise(F.col("op")))
+    else:
+        kind = kind.otherwise(F.col("op"))
+    rows = (
+        frame.groupBy(kind.alias("kind"))
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.min("commit_lsn").alias("lo"),
+            F.max("commit_lsn").alias("hi"),
+            F.max("source_ts").alias("ts"),
+            F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "lsn"))).alias("t"),
+            F.array_distinct(F.flatten(F.collect_list("unknown_columns"))).alias("unknown"),
+        )
+        .collect()
+    )
+    python_rows = sum(int(r["n"]) for r in rows if r["kind"] == PYTHON)
+    rows = [r for r in rows if r["kind"] != PYTHON]
+    events = {r["kind"]: int(r["n"]) for r in rows if r["kind"] != DEAD}
+    ops = [r for r in rows if r["kind"] not in (DEAD, "tombstone")]
+    lows = [r["lo"] for r in ops if r["lo"] is not None]
+    highs = [r["hi"] for r in ops if r["hi"] is not None]
+    times = [r["ts"] for r in ops if r["ts"] is not None]
+    truncate = next(((int(r["t"]["commit_lsn"]), int(r["t"]["lsn"])) for r in ops if r["t"] is not None), None)
+    summary = BatchSummary(
+        changes=sum(int(r["n"]) for r in ops),
+        max_commit=max(highs) if highs else None,
+        min_commit=min(lows) if lows else None,
+        max_ts=max(times).astimezone(UTC) if times else None,  # Spark hands back naive local time
+        truncate=truncate,
+        deletes=events.get("d", 0),
+    )
+    return DecodedBatch(
+        frame=frame,
+        events=events,
+        dead_letters=sum(int(r["n"]) for r in rows if r["kind"] == DEAD),
+        unknown_columns={c for r in rows for c in (r["unknown"] or [])},
+        summary=summary,
+        python_rows=python_rows,
+    )
+
+
+def read_ranges(
+    spark: SparkSession, kafka: KafkaClients, table: LakeTable, window: WindowPlan, schema: TableSchema
+) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    spans = [(r.partition, r.start, r.end) for r in window.ranges]
+    partition = changelog_partition(window.key)
+    return read_offsets(spark, kafka, table, spans, schema).withColumn("window_start", F.lit(partition))
+
+
+def read_offsets(
+    spark: SparkSession, kafka: KafkaClients, table: LakeTable, spans: list[tuple[int, int, int]],
+    schema: TableSchema,
+) -> DataFrame:  # fmt: skip
+    """The decoded change rows of the table's topic in ``[partition, start, end)`` spans:
+    read and decoded in the JVM (``lake.jvm_decode``), or in Python workers."""
+    from cdc_platform.lake.kafka_source import change_schema
+
+    if decodes_in_jvm(table, kafka.kafka):
+        from cdc_platform.lake.jvm_decode import decode_raw, read_raw
+
+        return decode_raw(read_raw(spark, kafka.kafka.bootstrap_servers, table.topic, spans), schema, table.encoding)
+    _register_source(spark)
+    options = {
+        "topic": table.topic,
+        "schema": schema.to_json(),
+        "encoding": table.encoding.to_option(),
+        "ranges": json.dumps([list(span) for span in spans]),
+        **worker_options(kafka.kafka),
+    }
+    return spark.read.format("cdc_kafka_range").schema(change_schema(row_type(schema))).options(**options).load()
+
+
+def decodes_in_jvm(table: LakeTable, kafka: KafkaConfig) -> bool:
+    """Whether the table's records are read by Spark's Kafka source and decoded in Spark
+    SQL (``apply.decoder``). Spark's Kafka client is Java's: librdkafka's settings (TLS
+    files, SASL) do not carry over, so ``auto`` takes it only for a plain connection."""
+    if table.decoder == "python":
+        return False
+    portable = not kafka.options and not kafka.secret_options_env
+    if table.decoder == "jvm" and not portable:
+        settings = sorted({*kafka.options, *kafka.secret_options_env})
+        raise FatalError(
+            f"{table.source}: apply.decoder is jvm, but kafka sets {settings}"
+            ", librdkafka settings Spark's Java Kafka client does not take; set apply.decoder: auto (or python) to "
+            "read with confluent-kafka in Spark's Python workers"
+        )
+    return portable
+
+
+_REGISTERING = threading.Lock()
+_REGISTERED: weakref.WeakSet[SparkSession] = weakref.WeakSet()  # sessions the Kafka range source is registered in
+
+
+def _register_source(spark: SparkSession) -> None:
+    """Once per session: a stream apply's tables decode side by side, and registering the
+    same name from two threads at once fails."""
+    from cdc_platform.lake.kafka_source import KafkaRangeDataSource
+
+    with _REGISTERING:
+        if spark not in _REGISTERED:
+            spark.dataSource.register(KafkaRangeDataSource)
+            _REGISTERED.add(spark)
+
+
+def _write_window(
+    spark: SparkSession, table: LakeTable, window: WindowPlan, decoded: DecodedBatch, batch: BatchWrite | None = None
+) -> WindowResult:
+    """A window replaces its changelog partition; a stream batch appends to its day's
+    partition, its identity in the commit (``userMetadata``): a re-applied batch whose
+    append had committed is not appended again (and the re-applied append also carries
+    Delta's ``txnAppId``/``txnVersion``, which Delta itself refuses to commit twice)."""
+    from pyspark.sql import functions as F
+
+    frame = decoded.frame
+    dead = frame.where(F.col("error").isNotNull())
+    dead_count = decoded.dead_letters
+    if dead_count and table.config.errors.tolerance is ErrorTolerance.NONE:
+        sample = [r["error"] for r in dead.select("error").limit(3).collect()]
+        raise DeadLetterError(
+            f"{'batch' if batch is not None else 'window'} {window.key} of {table.key}: {dead_count} record(s) "
+            f"cannot be decoded (e.g. {sample}); errors.tolerance is 'none', so nothing was written. Fix the "
+            "producer, or set errors.tolerance: all to send them to the dead-letter table"
+        )
+    good = frame.where(F.col("error").isNull()).drop("error", "raw_key", "raw_value", "unknown_columns")
+    # mergeSchema: a column the source added (compatible change) joins the images
+    writer = good.write.format("delta").option("mergeSchema", "true")
+    options = {**table_options(good.schema, partition_by=("window_start",)), **AUTO_COMPACT}
+    _write_mode(writer, window, batch, table).options(**options)
+    if not _done_before(spark, table, table.changelog_path, batch):
+        writer.partitionBy("window_start").save(table.changelog_path)
+    if (dead_count or batch is None) and not _done_before(spark, table, table.dead_letters_path, batch):
+        # a window's re-run must also replace its dead letters
+        dead_writer = dead.select(
+            "window_start", "kafka_partition", "kafka_offset", "kafka_timestamp", "error", "raw_key", "raw_value",
+            F.lit(table.topic).alias("topic"),
+        ).write.format("delta")  # fmt: skip
+        _write_mode(dead_writer, window, batch, table).partitionBy("window_start").save(table.dead_letters_path)
+    events = dict(decoded.events)
+    return WindowResult(
+        window_start=window.key,
+        ranges=list(window.ranges),
+        reused_ranges=window.reused,
+        events=events,
+        dead_letters=dead_count,
+        rows=sum(events.values()),
+        min_commit_lsn=decoded.summary.min_commit,
+        max_commit_lsn=decoded.summary.max_commit,
+        schema_registered=decoded.schema_registered,
+    )
+
+
+def _done_before(spark: SparkSession, table: LakeTable, path: str, batch: BatchWrite | None) -> bool:
+    return batch is not None and batch.retry and committed_before(spark, path, batch_identity(table, batch.number))
+
+
+def _write_mode(writer: Any, window: WindowPlan, batch: BatchWrite | None, table: LakeTable) -> Any:
+    if batch is None:
+        assert not is_batch_key(window.key)
+        return writer.mode("overwrite").option("replaceWhere", f"window_start = '{window.key}'")
+    return writer.mode("append").options(**append_options(table, batch))
+
+
+def append_options(table: LakeTable, batch: BatchWrite) -> dict[str, str]:
+    """A stream batch's Delta append: its identity in the commit, and on a re-apply Delta's
+    idempotent-write options too (Delta checks ``txnVersion`` by rebuilding the log's state:
+    paid on a re-apply only)."""
+    options = {"userMetadata": batch_identity(table, batch.number)}
+    if batch.retry:
+        options |= {"txnAppId": transaction_app_id(table), "txnVersion": str(batch.number)}
+    return options
+
+
+@dataclass(frozen=True)
+class BatchWrite:
+    """A stream batch's append: its number, and whether it is re-applied after an
+    interruption (then the append may already be committed)."""
+
+    number: int
+    retry: bool = False
+
+
+def batch_identity(table: LakeTable, number: int) -> str:
+    """What a stream batch's Delta commit carries (``userMetadata``): the table and batch."""
+    return f"{transaction_app_id(table)}#{number}"
+
+
+RECENT_COMMITS = 20  # only the table's apply appends to it, and it waits for a pending batch
+
+
+def committed_before(spark: SparkSession, path: str, identity: str) -> bool:
+    """Whether a recent commit of the Delta table at ``path`` carries ``identity``: the
+    append of a batch that was cut short after it committed."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return False
+    history = DeltaTable.forPath(spark, path).history(RECENT_COMMITS).select("userMetadata").collect()
+    return any(r["userMetadata"] == identity for r in history)
+
+
+@dataclass(frozen=True)
+class ChangelogDay:
+    """A streamed changelog's UTC day: its offsets per Kafka partition, batches and events.
+    While the day fills, a running apply adds each batch (``plus``); once the UTC day is
+    over, ``seal_day`` reads the whole day back: its ranges fixed and checked contiguous.
+    Days are the streamed changelog's partitions (in the lake and in Dagster): at most 366
+    a year whatever the trigger interval."""
+
+    table: str
+    day: str  # the window key of the day's start, e.g. 2026-11-25T00:00:00Z
+    batches: int = 0
+    ranges: dict[int, tuple[int, int]] = field(default_factory=dict)  # partition -> (first offset, end)
+    events: dict[str, int] = field(default_factory=dict)  # by op, plus "tombstone"
+    dead_letters: int = 0
+    sealed: bool = False
+    holes: tuple[str, ...] = ()  # offsets inside a sealed day that no batch covers (must be none)
+    records_twice: int = 0  # Kafka records (partition, offset) in a sealed day more than once (must be none)
+
+    @property
+    def contiguous(self) -> bool:
+        return not self.holes
+
+    @property
+    def clean(self) -> bool:
+        """Every offset of the day's ranges in it once: none missing, none twice."""
+        return not self.holes and not self.records_twice
+
+    def plus(self, batch: WindowResult) -> ChangelogDay:
+        """The day with one more batch of it (``batch.window_start`` is the batch's key)."""
+        ranges = dict(self.ranges)
+        for r in batch.ranges:
+            first, end = ranges.get(r.partition, (r.start, r.end))
+            ranges[r.partition] = (min(first, r.start), max(end, r.end))
+        events = dict(self.events)
+        for op, n in batch.events.items():
+            events[op] = events.get(op, 0) + n
+        return replace(
+            self,
+            batches=self.batches + 1,
+            ranges=ranges,
+            events=events,
+            dead_letters=self.dead_letters + batch.dead_letters,
+        )
+
+
+def seal_day(spark: SparkSession, ledger: Ledger, table: LakeTable, day: str) -> ChangelogDay:
+    """Seal ``day`` of a streamed changelog, once the apply moved on to the next day: the
+    whole day read back and checked (``read_day``), then compacted (never written again)."""
+    sealed = read_day(spark, ledger, table, day, sealed=True)
+    compact_day(spark, table, day)
+    return sealed
+
+
+def read_day(spark: SparkSession, ledger: Ledger, table: LakeTable, day: str, sealed: bool = False) -> ChangelogDay:
+    """A streamed changelog's ``day`` read back whole: its batches' ranges from the ledger
+    (holes between them that no generation restarted past), its events by op, dead letters,
+    and the Kafka records it holds more than once. ``sealed``: the day is over."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    windows = ledger.windows(table.key)
+    batches = {k: [r.offsets for r in ranges] for k, ranges in windows.items() if is_batch_key(k)}
+    keys = [k for k in batches if changelog_partition(k) == day]
+    ranges, in_day = partition_coverage(batches, day)
+    events, records_twice = _events_of_day(spark, table, day)
+    dead = 0
+    if DeltaTable.isDeltaTable(spark, table.dead_letters_path):
+        dead = spark.read.format("delta").load(table.dead_letters_path).where(F.col("window_start") == day).count()
+    restarts = [g.watermark.kafka_end_offsets for g in ledger.generations(table.key).values()
+                if g.status is GenerationStatus.COMMITTED and g.watermark is not None]  # fmt: skip
+    holes = tuple(h.describe() for h in holes_not_restarted(in_day, restarts))
+    return ChangelogDay(table.key, day, len(keys), ranges, events, dead, sealed, holes, records_twice)
+
+
+def copies_of_each_record(changelog: DataFrame) -> DataFrame:
+    """Each Kafka record (partition, offset) of a changelog frame with how many times the
+    frame holds it (``copies``: more than one means an append that was not idempotent) and
+    its op ("tombstone" for none). The one definition of "a record twice" that the keys
+    check, the day check and the fault suite's accounting share."""
+    from pyspark.sql import functions as F
+
+    return changelog.groupBy("kafka_partition", "kafka_offset").agg(
+        F.count(F.lit(1)).alias("copies"), F.first(F.coalesce("op", F.lit("tombstone"))).alias("op")
+    )
+
+
+def _events_of_day(spark: SparkSession, table: LakeTable, day: str) -> tuple[dict[str, int], int]:
+    """A day's events by op (plus "tombstone"), and how many of its Kafka records it holds
+    more than once (an append that was not idempotent): one aggregation, by record."""
+    from pyspark.sql import functions as F
+
+    changelog = spark.read.format("delta").load(table.changelog_path).where(F.col("window_start") == day)
+    by_op = (
+        copies_of_each_record(changelog)
+        .groupBy("op")
+        .agg(F.sum("copies").alias("n"), F.sum((F.col("copies") > 1).cast("int")).alias("twice"))
+        .collect()
+    )
+    return {r["op"]: int(r["n"]) for r in by_op}, sum(int(r["twice"]) for r in by_op)
+
+
+def compact_day(spark: SparkSession, table: LakeTable, day: str) -> tuple[int, int]:
+    """A sealed day's changelog partition rewritten into few files: the stream apply appends
+    a file per Kafka partition and micro-batch (thousands a day), and every Delta checkpoint
+    and every reader lists them all. A sealed day is never written again, so this is its
+    only rewrite. Returns (files removed, files added)."""
+    from delta.tables import DeltaTable
+
+    metrics = (
+        DeltaTable.forPath(spark, table.changelog_path)
+        .optimize()
+        .where(f"window_start = '{day}'")
+        .executeCompaction()
+        .select("metrics.numFilesRemoved", "metrics.numFilesAdded")
+        .first()
+    )
+    removed, added = (int(metrics[0]), int(metrics[1])) if metrics is not None else (0, 0)
+    log.info("%s: changelog day %s compacted, %d files into %d", table.key, day, removed, added)
+    return removed, added

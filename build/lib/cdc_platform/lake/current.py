@@ -1,0 +1,531 @@
+"""Current state: the latest committed generation, then every change from its watermark offsets.
+
+Incremental: each run applies only the changelog offsets between current's frontier and
+the new one (per Kafka partition), so N new changes cost O(N) reads plus one MERGE. What
+current has applied (generation, frontier, source position) is in the ledger.
+
+* **The watermark rule (every producer).** A generation's watermark is the topic's end
+  offsets, read *before* the source position and the snapshot. Current starts from the
+  snapshot and applies **every** change from those offsets on, whatever its source
+  position: a change the snapshot already holds is replayed in source order and the key
+  converges to the same row, a change it lacks is applied. No change is compared with the
+  watermark's source position, because producers do not agree on what an event's position
+  means: Debezium's ``source.sequence[0]`` is the *previous* transaction's commit LSN, the
+  platform's capture writes the event's own; both order the changes of one key correctly
+  (conflicting writes to a row serialize), and that is all this rule needs. Snapshot rows
+  are positioned ``(0, watermark LSN)``: below every streamed change.
+* **Frontier.** Per Kafka partition, current has applied every offset below its frontier.
+  It starts at the generation's watermark offsets and moves only across contiguous
+  recorded changelog ranges (``model.coverage.walk``): windows materialized out of order
+  wait until the gap before them is filled, so no change is ever skipped.
+* **Order.** Within the batch, per key, events are ordered by (commit LSN, LSN, Kafka
+  partition, offset); the latest decides the row. Each row keeps its position
+  (``_cdc_commit_lsn``, ``_cdc_lsn``); an event at or before a row's position is ignored,
+  and deleted keys remember their position (``current_deletes``, appended to: a key
+  deleted twice has two rows, and any newer-or-equal one blocks an older event), so an
+  at-least-once duplicate never moves a row backwards or resurrects it.
+* **Cost follows the changes.** Current has deletion vectors: a MERGE marks the rows it
+  replaces instead of rewriting their files. One aggregation keeps the latest event per
+  key; the row count moves by the MERGE's own metrics, not by counting the table.
+* **TOAST.** A column listed in ``unavailable`` keeps its value (from an earlier event of
+  the batch if there is one, else the row's current value).
+* **Truncate.** Streamed rows older than the truncate are removed; snapshot rows only when
+  the truncate's own LSN is after the watermark LSN (an older truncate is already in the
+  snapshot: the snapshot waited for its lock). Only later events apply.
+* **Right after a rebuild** current may briefly show an older state of a key whose
+  replayed changes span two runs; it converges when the rest is applied.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from cdc_platform.lake.crash_points import crash_point
+from cdc_platform.lake.history import HistoryResult, apply_history, ensure_history_table, snapshot_events
+from cdc_platform.lake.ledger import Ledger
+from cdc_platform.lake.tables import LakeTable, table_options
+from cdc_platform.model.coverage import walk
+from cdc_platform.model.errors import NoGenerationError
+from cdc_platform.model.generations import Generation
+from cdc_platform.model.state import CurrentPosition
+from cdc_platform.model.tables import TableSchema
+from cdc_platform.model.windows import WindowRange, changelog_partition
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+POSITION_COLUMNS = ("_cdc_commit_lsn", "_cdc_lsn")
+# the commit position of snapshot rows (their _cdc_lsn is the watermark LSN): below every
+# streamed change, whose commit position is a real LSN (or a polled source's clock)
+SNAPSHOT_COMMIT = 0
+# current's MERGEs mark replaced rows in deletion vectors instead of rewriting whole files
+DELETION_VECTORS = {"delta.enableDeletionVectors": "true"}
+# Every micro-batch's MERGE (or append) adds a small file to current, the deletes table and
+# history (its updated keys are random: their statistics prune nothing, and the next MERGE
+# scans every one), and one per Kafka partition to the changelog's day (every commit's
+# checkpoint lists them). Delta's auto compaction (a post-commit hook) rewrites a table's
+# (or a day's) small files into one once 50 (spark.databricks.delta.autoCompact.minNumFiles)
+# have piled up.
+AUTO_COMPACT = {"delta.autoOptimize.autoCompact": "true"}
+
+
+@dataclass
+class CurrentResult:
+    generation: str
+    rebuilt: bool
+    changes_applied: int
+    rows: int
+    frontier: dict[int, int]
+    applied_position: int
+    last_source_ts: datetime | None
+    duration_s: float
+    waiting_for: list[str] = field(default_factory=list)  # partitions stopped at a gap
+    history: HistoryResult | None = None  # when the table keeps an SCD2 history
+    # a rebuild from a new generation: rows the previous current held that the source no
+    # longer has (hard deletes a polled source cannot see, or deletes lost in a gap)
+    dropped_by_generation: int | None = None
+    dropped_sample: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    """What one pass over a batch of change events tells the merge (``summarize``, or the
+    changelog's statistics job for a stream batch: no second pass)."""
+
+    changes: int  # events with an op (tombstones carry nothing the 'd' before them did not)
+    max_commit: int | None = None
+    min_commit: int | None = None  # the oldest event's commit position
+    max_ts: datetime | None = None
+    truncate: tuple[int, int] | None = None  # the newest truncate's (commit LSN, LSN)
+    deletes: int = 0  # 'd' events: only then are deleted keys remembered
+
+    def newer_than(self, applied_position: int | None) -> bool:
+        """Every event committed after ``applied_position`` (the newest position current
+        has applied, so after every remembered delete): none can be a stale duplicate."""
+        return applied_position is not None and self.min_commit is not None and self.min_commit > applied_position
+
+
+@dataclass
+class _Batch:
+    applied: int = 0
+    max_position: int | None = None
+    last_ts: datetime | None = None
+    # how the MERGE moved current's row count; None after a truncate (then it is counted)
+    rows_delta: int | None = 0
+
+
+def committed_generation(ledger: Ledger, table: LakeTable) -> Generation:
+    committed = ledger.committed(table.key)
+    if committed is None or committed.watermark is None:
+        raise NoGenerationError(
+            f"{table.key} has no committed snapshot generation yet; run: cdc-platform snapshot {table.key}"
+        )
+    return committed
+
+
+def needs_rebuild(spark: SparkSession, table: LakeTable, generation: str, position: CurrentPosition | None) -> bool:
+    """Current is (re)built from the generation when it was built from another one, when
+    its table is gone, or when a history table was switched on (it then starts there)."""
+    from delta.tables import DeltaTable
+
+    if position is None or position.generation != generation:
+        return True
+    if not DeltaTable.isDeltaTable(spark, table.current_path):
+        return True
+    return table.config.history and not DeltaTable.isDeltaTable(spark, table.history_path)
+
+
+def apply_current(spark: SparkSession, ledger: Ledger, table: LakeTable) -> CurrentResult:
+    started = time.monotonic()
+    committed = committed_generation(ledger, table)
+    schema = TableSchema.from_json(committed.schema_json)
+    position = ledger.current(table.key)
+    rebuilt = needs_rebuild(spark, table, committed.generation, position)
+    previous_version = _last_version(spark, table.current_path) if rebuilt and position is not None else None
+    history = HistoryResult(0, 0)
+    if rebuilt or position is None:
+        position, history = _rebuild(spark, table, committed, schema)
+    windows = ledger.windows(table.key)
+    coverage = walk(position.frontier, [r.offsets for ranges in windows.values() for r in ranges])
+    batch = _Batch()
+    if coverage.frontier != position.frontier:
+        batch, history = _apply_windows(spark, table, schema, windows, position, coverage.frontier, committed)
+    if rebuilt and table.config.history:
+        history = history.plus(_reconcile_history(spark, table, committed, list(schema.key)))
+    rows = spark.read.format("delta").load(table.current_path).count()
+    crash_point("current.merged")
+    applied_position = max(position.applied_position, batch.max_position or 0)
+    last_ts = batch.last_ts or position.last_source_ts
+    ledger.record_current(
+        table.key, CurrentPosition(committed.generation, coverage.frontier, applied_position, last_ts, rows)
+    )
+    dropped: int | None = None
+    sample: list[str] = []
+    if previous_version is not None:
+        dropped, sample = _dropped_rows(spark, table.current_path, previous_version, list(schema.key))
+    return CurrentResult(
+        committed.generation, rebuilt, batch.applied, rows, coverage.frontier, applied_position,
+        last_ts, round(time.monotonic() - started, 3),
+        [h.describe() for h in coverage.holes], history if table.config.history else None, dropped, sample,
+    )  # fmt: skip
+
+
+def apply_decoded(
+    spark: SparkSession, ledger: Ledger, table: LakeTable, committed: Generation, position: CurrentPosition,
+    changes: DataFrame, summary: BatchSummary, frontier: dict[int, int],
+) -> CurrentResult:  # fmt: skip
+    """The stream apply's fast path: a batch's decoded events merged straight into current,
+    which stands exactly at the batch's first offsets (``position``); ``frontier`` is where
+    the batch ends. Nothing is read back from the changelog and nothing is counted: the row
+    count moves by the MERGE's metrics."""
+    started = time.monotonic()
+    schema = TableSchema.from_json(committed.schema_json)
+    batch, history = merge_changes(spark, table, schema, changes, summary, position.applied_position)
+    crash_point("current.merged")
+    if batch.rows_delta is None:  # a truncate deleted rows outside the MERGE's metrics
+        rows = spark.read.format("delta").load(table.current_path).count()
+    else:
+        rows = position.rows + batch.rows_delta
+    applied_position = max(position.applied_position, batch.max_position or 0)
+    last_ts = batch.last_ts or position.last_source_ts
+    position_now = CurrentPosition(committed.generation, dict(frontier), applied_position, last_ts, rows)
+    ledger.record_current(table.key, position_now)
+    return CurrentResult(
+        committed.generation, False, batch.applied, rows, dict(frontier), applied_position, last_ts,
+        round(time.monotonic() - started, 3), [], history if table.config.history else None,
+    )  # fmt: skip
+
+
+def streamed_position(ledger: Ledger, table: LakeTable) -> CurrentResult:
+    """Where the stream apply left current (``lake.apply``), without writing: what a Dagster
+    run of a streamed table reports and checks."""
+    position = ledger.current(table.key)
+    if position is None:
+        raise NoGenerationError(
+            f"{table.key}: the stream apply has not built current yet; is it running? "
+            f"cdc-platform apply --source {table.source}"
+        )
+    return CurrentResult(
+        position.generation, False, 0, position.rows, dict(position.frontier), position.applied_position,
+        position.last_source_ts, 0.0,
+    )  # fmt: skip
+
+
+def ensure_table_properties(spark: SparkSession, table: LakeTable) -> None:
+    """Tables of older lakes (or overwritten in place) get today's properties: current and
+    history deletion vectors (unless ``lake.deletion_vectors: false``), and current, the
+    deletes table, history and the changelog auto compaction. Set once each; the next
+    commit uses them."""
+    wanted = {table.current_path: _merged_into(table)}
+    wanted[table.deletes_path] = wanted[table.changelog_path] = AUTO_COMPACT
+    if table.config.history:
+        wanted[table.history_path] = _merged_into(table)
+    for path, properties in wanted.items():
+        _ensure_properties(spark, path, properties)
+
+
+def _merged_into(table: LakeTable) -> dict[str, str]:
+    """The properties of a table every batch MERGEs into (current, history): a MERGE marks
+    the rows it replaces instead of copying the rest of their files (without, history's
+    MERGE rewrote every file a batch's keys touched: its cost grew with the history)."""
+    return {**(DELETION_VECTORS if table.deletion_vectors else {}), **AUTO_COMPACT}
+
+
+def _ensure_properties(spark: SparkSession, path: str, properties: dict[str, str]) -> None:
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return
+    detail = DeltaTable.forPath(spark, path).detail().first()
+    have = (detail["properties"] or {}) if detail is not None else {}
+    missing = {k: v for k, v in properties.items() if have.get(k) != v}
+    if missing:
+        settings = ", ".join(f"'{k}' = '{v}'" for k, v in sorted(missing.items()))
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
+
+
+def _last_version(spark: SparkSession, path: str) -> int | None:
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    last = DeltaTable.forPath(spark, path).history(1).select("version").first()
+    return int(last["version"]) if last else None
+
+
+def _rebuild(
+    spark: SparkSession, table: LakeTable, committed: Generation, schema: TableSchema
+) -> tuple[CurrentPosition, HistoryResult]:
+    """Current from the generation's snapshot, its rows positioned below every streamed change."""
+    from pyspark.sql import functions as F
+
+    assert committed.watermark is not None
+    watermark = committed.watermark
+    frame = spark.read.format("delta").load(table.snapshot_path(committed.generation))
+    frame.select(
+        "*",
+        F.lit(SNAPSHOT_COMMIT).cast("long").alias("_cdc_commit_lsn"),
+        F.lit(watermark.position).cast("long").alias("_cdc_lsn"),
+    ).write.format("delta").mode("overwrite").option("overwriteSchema", "true").options(
+        **table_options(frame.schema), **_merged_into(table)
+    ).save(table.current_path)
+    keys = list(schema.key)
+    key_schema = ", ".join(f"`{k}` {frame.schema[k].dataType.simpleString()}" for k in keys)
+    deletes = spark.createDataFrame([], f"{key_schema}, _cdc_commit_lsn long, _cdc_lsn long")
+    deletes.write.format("delta").mode("overwrite").option("overwriteSchema", "true").options(
+        **table_options(deletes.schema), **AUTO_COMPACT
+    ).save(table.deletes_path)
+    if table.config.history:
+        ensure_history_table(spark, table.history_path, frame.schema, _merged_into(table))
+    ensure_table_properties(spark, table)
+    return CurrentPosition(committed.generation, dict(watermark.kafka_end_offsets), watermark.position), HistoryResult(
+        0, 0
+    )
+
+
+def _apply_windows(
+    spark: SparkSession, table: LakeTable, schema: TableSchema, windows: dict[str, tuple[WindowRange, ...]],
+    position: CurrentPosition, frontier: dict[int, int], committed: Generation,
+) -> tuple[_Batch, HistoryResult]:  # fmt: skip
+    """Merge the offsets between the old and the new frontier, read back from the changelog,
+    into current (and history)."""
+    assert committed.watermark is not None
+    touched = sorted(
+        w for w, rs in windows.items()
+        if any(position.frontier.get(r.partition, 0) < r.end and r.start < frontier.get(r.partition, 0) for r in rs)
+    )  # fmt: skip
+    if not touched:
+        return _Batch(), HistoryResult(0, 0)
+    batch = _changes(spark, table, touched, position.frontier, frontier).cache()
+    try:
+        return merge_changes(spark, table, schema, batch, applied_position=position.applied_position)
+    finally:
+        batch.unpersist()
+
+
+def merge_changes(
+    spark: SparkSession, table: LakeTable, schema: TableSchema, changes: DataFrame, summary: BatchSummary | None = None,
+    applied_position: int | None = None,
+) -> tuple[_Batch, HistoryResult]:  # fmt: skip
+    """Merge change events (changelog columns, ``op`` set) into current and history.
+    ``summary``: the batch's statistics when the caller already has them (one pass fewer);
+    ``applied_position``: the newest position current has applied, when known."""
+    keys = list(schema.key)
+    summary = summary or summarize(changes)
+    if summary.changes == 0:
+        return _Batch(), HistoryResult(0, 0)
+    _evolve(spark, table.current_path, changes)
+    if table.config.history:
+        _evolve(spark, table.history_path, changes)
+    guard = not summary.newer_than(applied_position)
+    if not table.config.history:
+        return _merge(spark, table, changes, keys, summary, guard), HistoryResult(0, 0)
+    columns = [c for c in spark.read.format("delta").load(table.current_path).columns if c not in POSITION_COLUMNS]
+    # History and current are independent tables: their MERGEs run at once, so a batch of a
+    # table with history costs less than the two one after the other (8.9 -> 7.8 s for 20
+    # changes on 2 cores, docs/benchmarks.md). Leaving the pool waits for both: a failed
+    # batch never leaves one of them running while the batch is applied again.
+    with ThreadPoolExecutor(1, "history") as pool:
+        history = pool.submit(
+            apply_history, spark, table.history_path, changes, keys, columns, summary.truncate is not None
+        )
+        result = _merge(spark, table, changes, keys, summary, guard)
+    return result, history.result()
+
+
+def summarize(changes: DataFrame) -> BatchSummary:
+    """One pass over the batch: its size, its newest position and time, its newest truncate."""
+    from pyspark.sql import functions as F
+
+    row = changes.agg(
+        F.count(F.lit(1)).alias("n"),
+        F.max("commit_lsn").alias("max_commit"),
+        F.min("commit_lsn").alias("min_commit"),
+        F.max("source_ts").alias("max_ts"),
+        F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "lsn"))).alias("t"),
+        F.count(F.when(F.col("op") == "d", F.lit(1))).alias("deletes"),
+    ).first()
+    assert row is not None
+    truncate = (int(row["t"]["commit_lsn"]), int(row["t"]["lsn"])) if row["t"] is not None else None
+    max_commit = int(row["max_commit"]) if row["max_commit"] is not None else None
+    min_commit = int(row["min_commit"]) if row["min_commit"] is not None else None
+    return BatchSummary(int(row["n"]), max_commit, min_commit, _utc(row["max_ts"]), truncate, int(row["deletes"]))
+
+
+def _utc(ts: datetime | None) -> datetime | None:
+    return ts.astimezone(UTC) if ts is not None else None  # Spark hands back naive local time
+
+
+def _evolve(spark: SparkSession, path: str, batch: DataFrame) -> list[str]:
+    """Columns the source added (compatible change, already in the changelog's images) are
+    added to the target table; rows from before the change keep NULL in them."""
+    target = spark.read.format("delta").load(path)
+    have = set(target.columns)
+    after_type = batch.schema["after"].dataType
+    added = [f for f in after_type.fields if f.name not in have]  # type: ignore[attr-defined]
+    if added:
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in added)
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
+    return [f.name for f in added]
+
+
+def _dropped_rows(spark: SparkSession, path: str, previous_version: int, keys: list[str]) -> tuple[int, list[str]]:
+    """Keys the previous current (Delta version ``previous_version``) held that the rebuilt one has not."""
+    from cdc_platform.lake.compare import keys_only_in
+
+    before = spark.read.format("delta").option("versionAsOf", previous_version).load(path)
+    now = spark.read.format("delta").load(path).select(*[f"`{k}`" for k in keys])
+    return keys_only_in(before, now, keys, "dropped")
+
+
+def _reconcile_history(spark: SparkSession, table: LakeTable, committed: Generation, keys: list[str]) -> HistoryResult:
+    """After a rebuild and the replay from the watermark offsets, history's open versions
+    are made to agree with current (the generation repairs what a gap lost): keys whose
+    open version differs open a version, open keys current lacks are closed."""
+    assert committed.watermark is not None
+    rows = spark.read.format("delta").load(table.current_path).drop(*POSITION_COLUMNS)
+    events = snapshot_events(
+        spark, table.history_path, rows, keys, committed.watermark.position, committed.watermark.taken_at.isoformat()
+    )
+    return apply_history(spark, table.history_path, events, keys, rows.columns, truncates=False)
+
+
+def _changes(
+    spark: SparkSession, table: LakeTable, windows: list[str], frontier: dict[int, int], new_frontier: dict[int, int]
+) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    in_range = None
+    for partition, end in new_frontier.items():
+        start = frontier.get(partition, 0)
+        if end <= start:
+            continue
+        clause = (
+            (F.col("kafka_partition") == partition) & (F.col("kafka_offset") >= start) & (F.col("kafka_offset") < end)
+        )
+        in_range = clause if in_range is None else in_range | clause
+    assert in_range is not None
+    return (
+        spark.read.format("delta")
+        .load(table.changelog_path)
+        # partition pruning: read only these windows' (or stream batches' days') partitions
+        .where(F.col("window_start").isin(sorted({changelog_partition(w) for w in windows})))
+        .where(in_range)
+        .where(F.col("op").isNotNull())  # tombstones carry nothing the 'd' before them did not
+    )
+
+
+def _merge(
+    spark: SparkSession, table: LakeTable, batch: DataFrame, keys: list[str], summary: BatchSummary, guard: bool
+) -> _Batch:
+    """``guard``: whether an event may be older than a remembered delete (then it is checked
+    against them; a join with the deletes table, a third of a small batch's MERGE time)."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    target = DeltaTable.forPath(spark, table.current_path)
+    columns = [f.name for f in target.toDF().schema.fields if f.name not in POSITION_COLUMNS]
+    if summary.truncate is not None:
+        batch = _truncate(target, batch, *summary.truncate)
+    latest = _latest_per_key(batch.where(F.col("op") != "t"), keys, columns)
+    if guard:
+        latest = _not_deleted_later(spark, table, latest, keys)
+    metrics = _merge_latest(target, latest, keys, columns)
+    if summary.truncate is None:
+        rows_delta: int | None = int(metrics["num_inserted_rows"]) - int(metrics["num_deleted_rows"])
+    else:
+        rows_delta = None
+    if summary.deletes:
+        _remember_deletes(table, latest, keys)
+    return _Batch(summary.changes, summary.max_commit, summary.max_ts, rows_delta)
+
+
+def _truncate(target: Any, batch: DataFrame, t_commit: int, t_lsn: int) -> DataFrame:
+    """Rows older than the truncate go (snapshot rows: when the truncate's LSN is after the
+    watermark LSN they carry); only the batch's later events still apply."""
+    from pyspark.sql import functions as F
+
+    commit, lsn = F.col("_cdc_commit_lsn"), F.col("_cdc_lsn")
+    snapshot_row = commit == SNAPSHOT_COMMIT
+    streamed_older = (commit < t_commit) | ((commit == t_commit) & (lsn < t_lsn))
+    target.delete((snapshot_row & (lsn < t_lsn)) | (~snapshot_row & streamed_older))
+    return batch.where((F.col("commit_lsn") > t_commit) | ((F.col("commit_lsn") == t_commit) & (F.col("lsn") > t_lsn)))
+
+
+def _latest_per_key(batch: DataFrame, keys: list[str], columns: list[str]) -> DataFrame:
+    """Per key: the latest op and position, and per column the latest value among events
+    that carried it (a struct: a real NULL is still a value; TOASTed columns are not)."""
+    from pyspark.sql import functions as F
+
+    order = F.struct("commit_lsn", "lsn", "kafka_partition", "kafka_offset")
+    image = F.when(F.col("op") == "d", F.col("before")).otherwise(F.col("after"))
+    keyed = batch.select("*", *[image[k].alias(f"__key_{k}") for k in keys], order.alias("__order"))
+    aggregates = [
+        F.max_by("op", "__order").alias("op"),
+        F.max("__order").alias("__order"),
+        F.max("source_ts").alias("source_ts"),
+    ]
+    for c in columns:
+        available = ~F.coalesce(F.array_contains("unavailable", c), F.lit(False)) & (F.col("op") != "d")
+        aggregates.append(
+            F.max_by(F.struct(F.col("after")[c].alias("v")), F.when(available, F.col("__order"))).alias(f"__v_{c}")
+        )
+    return keyed.groupBy(*[f"__key_{k}" for k in keys]).agg(*aggregates)
+
+
+def _not_deleted_later(spark: SparkSession, table: LakeTable, latest: DataFrame, keys: list[str]) -> DataFrame:
+    """A duplicate older than a remembered delete must not resurrect the row: any remembered
+    delete of the key at or after the event's position drops an insert or update. A delete
+    is never dropped (applying one again is harmless: newer rows keep their position)."""
+    from pyspark.sql import functions as F
+
+    deletes = spark.read.format("delta").load(table.deletes_path)
+    cond = [F.col(f"l.__key_{k}").eqNullSafe(F.col(f"d.{k}")) for k in keys]
+    stale = (F.col("d._cdc_commit_lsn") > F.col("l.__order.commit_lsn")) | (
+        (F.col("d._cdc_commit_lsn") == F.col("l.__order.commit_lsn")) & (F.col("d._cdc_lsn") >= F.col("l.__order.lsn"))
+    )
+    joined = cond[0]
+    for c in cond[1:]:
+        joined = joined & c
+    resurrects = F.col("l.op") != "d"
+    return latest.alias("l").join(deletes.alias("d"), on=joined & stale & resurrects, how="left_anti")
+
+
+def _merge_latest(target: Any, latest: DataFrame, keys: list[str], columns: list[str]) -> dict[str, Any]:
+    """The MERGE; returns Delta's metrics (rows inserted, updated, deleted)."""
+    # (commit LSN, LSN) compared as a pair: an event at or before the row's position is a duplicate
+    newer = (
+        "(s.__order.commit_lsn > t._cdc_commit_lsn"
+        " OR (s.__order.commit_lsn = t._cdc_commit_lsn AND s.__order.lsn > t._cdc_lsn))"
+    )
+    match = " AND ".join(f"t.`{k}` <=> s.`__key_{k}`" for k in keys)
+    values = {f"`{c}`": f"CASE WHEN s.`__v_{c}` IS NOT NULL THEN s.`__v_{c}`.v ELSE t.`{c}` END" for c in columns}
+    inserts = {f"`{c}`": f"s.`__v_{c}`.v" for c in columns}
+    position = {"_cdc_commit_lsn": "s.__order.commit_lsn", "_cdc_lsn": "s.__order.lsn"}
+    metrics = (
+        target.alias("t")
+        .merge(latest.alias("s"), match)
+        .whenMatchedDelete(condition=f"s.op = 'd' AND {newer}")
+        .whenMatchedUpdate(condition=f"s.op <> 'd' AND {newer}", set={**values, **position})
+        .whenNotMatchedInsert(condition="s.op <> 'd'", values={**inserts, **position})
+        .execute()
+        .first()
+    )
+    return metrics.asDict() if metrics is not None else {"num_inserted_rows": 0, "num_deleted_rows": 0}
+
+
+def _remember_deletes(table: LakeTable, latest: DataFrame, keys: list[str]) -> None:
+    """Appended, not merged (a MERGE costs several Spark jobs per batch): the guard above
+    takes any remembered delete of the key, so older rows of a key do no harm."""
+    from pyspark.sql import functions as F
+
+    removed = latest.where(F.col("op") == "d").select(
+        *[F.col(f"__key_{k}").alias(k) for k in keys],
+        F.col("__order.commit_lsn").alias("_cdc_commit_lsn"),
+        F.col("__order.lsn").alias("_cdc_lsn"),
+    )
+    removed.write.format("delta").mode("append").save(table.deletes_path)

@@ -1,0 +1,704 @@
+"""Kafka records decoded in the JVM: Spark's own Kafka source, ``from_json`` with a schema
+derived from the table, and Spark SQL for each value's conversion.
+
+The rule is exactness, not coverage. Each record is decoded in Spark SQL only when Spark
+SQL gives exactly the row the Python decoder (``cdc_platform.envelope.changes``) gives for
+it; every other record (a value Spark SQL cannot express exactly, anything malformed, a
+tombstone whose key is not plain, capture's unconvertible events) goes to that Python
+decoder, in Arrow batches (``mapInArrow``), and comes out identical, error rows included.
+``cdc_platform_tests/spark/test_jvm_decode.py`` holds both paths to the same rows.
+
+What Spark SQL decodes here: the envelope (with or without Connect's ``schema`` part),
+positions, the key text, and columns of kind int16/32/64, float32/64, bool, date,
+timestamp, timestamptz (ISO instants in UTC, ±infinity), numeric/money (precise bytes up to
+7 bytes, or decimal text), bytea (base64 or hex), text-like kinds, and the unavailable
+(TOAST) placeholder. Python decodes: arrays, time/timetz as integers, numeric beyond those,
+and anything unusual. Where a JSON value's token matters (``"5"`` is not ``5`` for an
+integer column) the typed parse marks the record corrupt; for text columns, where Spark
+would silently take a number's text, a pattern over the raw value sends records with a
+non-string token to Python.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from cdc_platform.envelope.debezium import UNAVAILABLE
+from cdc_platform.envelope.encoding import ValueEncoding
+from cdc_platform.envelope.pgtypes import INT64_MAX, INT64_MIN, numeric_precision_scale
+from cdc_platform.kafka.clients import CHANGELOG_GROUP_ID
+from cdc_platform.lake.lake_types import MAX_SPARK_DECIMAL_PRECISION, lake_type, row_type
+from cdc_platform.model.tables import LakeColumn, TableSchema
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import DataType, StructType
+
+RAW_COLUMNS = ("partition", "offset", "timestamp", "timestampType", "key", "value")
+INT_RANGES = {"int16": (-(2**15), 2**15 - 1), "int32": (-(2**31), 2**31 - 1), "int64": (INT64_MIN, INT64_MAX)}
+MAX_JVM_DECIMAL_BYTES = 7  # unscaled values up to 56 bits: conv() and bigint arithmetic stay exact
+CORRUPT = "__corrupt"
+OFFSETS_PER_TASK = 20_000
+# A range ends where the topic ends (a batch reads up to the end offsets): the consumer's
+# last fetch finds nothing new and the broker holds it for fetch.max.wait.ms (500 ms by
+# default) per task. Reading a few records cost 1.2 s, with this 0.17 s.
+FETCH_MAX_WAIT_MS = 10
+JSON_OPTIONS = {
+    "mode": "PERMISSIVE",
+    "columnNameOfCorruptRecord": CORRUPT,
+    # what Python's json module refuses, Spark must not accept either: such records go to Python
+    "allowSingleQuotes": "false",
+    "allowNonNumericNumbers": "false",
+    "allowUnquotedControlChars": "false",
+}
+_BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+_HEX = r"^(?:[0-9a-fA-F]{2})*$"
+# the ISO instants Spark parses exactly as Python does: 4-digit years from 0001, UTC, µs at most
+_UTC_INSTANT = r"^(?!0000)[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?Z$"
+_DECIMAL_TEXT = r"^-?[0-9]+(?:\.[0-9]+)?$"
+_PLAIN_KEY_TEXT = r"^[ -\[\]-~]*$"  # printable ASCII without backslash: Python and Spark write it alike
+
+
+@dataclass(frozen=True)
+class ColumnDecoding:
+    """A column's value in the JVM: the lake value, and when Python must decode the record instead."""
+
+    value: Column
+    needs_python: Column
+    unavailable: Column
+    # also Python's when the value came out null from a non-null raw value (checked on the
+    # value's column in a later stage: repeating the conversion here doubled its cost)
+    python_if_null: bool = False
+
+
+def kafka_source_options(bootstrap_servers: str, topic: str, spans: list[tuple[int, int, int]]) -> dict[str, str]:
+    """Spark's Kafka source reading exactly ``[start, end)`` of each partition."""
+    spans = [(p, s, e) for p, s, e in spans if e > s]
+    return {
+        "kafka.bootstrap.servers": bootstrap_servers,
+        # the platform's group-id scheme (one ACL prefix covers every client). Spark otherwise
+        # names a new group per query and keys its pooled consumers by group and partition:
+        # every micro-batch opened new consumers and evicted old ones ("Pool exceeds its soft
+        # max size"). Nothing is committed: positions live in the ledger, partitions are assigned.
+        "kafka.group.id": CHANGELOG_GROUP_ID,
+        "assign": json.dumps({topic: [p for p, _, _ in spans]}),
+        "startingOffsets": json.dumps({topic: {str(p): s for p, s, _ in spans}}),
+        "endingOffsets": json.dumps({topic: {str(p): e for p, _, e in spans}}),
+        # compaction and transaction markers leave offsets without records inside a range (as
+        # the Python reader, skip them); offsets retention deleted are found after the read,
+        # from the topic's earliest offsets (changelog._ensure_nothing_deleted)
+        "failOnDataLoss": "false",
+        "includeHeaders": "false",
+        "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
+        # long ranges cut into several tasks, so every core decodes (as the Python reader does)
+        "minPartitions": str(max(1, -(-sum(e - s for _, s, e in spans) // OFFSETS_PER_TASK))),
+    }
+
+
+def read_raw(spark: SparkSession, bootstrap_servers: str, topic: str, spans: list[tuple[int, int, int]]) -> DataFrame:
+    """The records of the spans as Spark's Kafka source gives them (``RAW_COLUMNS``)."""
+    if not any(e > s for _, s, e in spans):
+        from pyspark.sql import types as T
+
+        empty = T.StructType(
+            [
+                T.StructField("partition", T.IntegerType()),
+                T.StructField("offset", T.LongType()),
+                T.StructField("timestamp", T.TimestampType()),
+                T.StructField("timestampType", T.IntegerType()),
+                T.StructField("key", T.BinaryType()),
+                T.StructField("value", T.BinaryType()),
+            ]
+        )
+        return spark.createDataFrame([], empty)
+    options = kafka_source_options(bootstrap_servers, topic, spans)
+    return spark.read.format("kafka").options(**options).load().select(*RAW_COLUMNS)
+
+
+def decode_raw(raw: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> DataFrame:
+    """Change rows (``kafka_source.change_schema``) of raw Kafka records: decoded in Spark
+    SQL where that is exact, by the Python decoder otherwise. One pass, for readers that do
+    not cache: every row goes through one Arrow hop (``mapInArrow``), where Spark SQL's rows
+    pass untouched and the others are decoded; two filtered branches would evaluate the
+    Spark SQL twice. (The stream apply caches ``jvm_decoded`` and sends only the records
+    Spark SQL cannot decode to ``python_decoded``: ``changelog._read_decoded``.)"""
+    return _through_python(jvm_decoded(raw, schema, encoding), schema, encoding)
+
+
+def jvm_decoded(raw: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> DataFrame:
+    """Every record decoded in Spark SQL: the change rows' columns, ``__jvm`` (whether that
+    decoding is exact) and, where it is not, what the Python decoder needs (the raw
+    record)."""
+    return _jvm_rows(raw, schema, encoding).select(*_stages(raw.sparkSession, schema, encoding)[-1])
+
+
+def python_decoded(rows: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> DataFrame:
+    """The records of ``jvm_decoded`` that Spark SQL cannot decode exactly, decoded by the
+    Python decoder in Spark's Python workers (Arrow batches), error rows included."""
+    from pyspark.sql import functions as F
+
+    return _through_python(rows.where(~F.col("__jvm")), schema, encoding)
+
+
+def _through_python(rows: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> DataFrame:
+    """``jvm_decoded`` rows through the Python decoder: ``__jvm`` rows pass, the others are decoded."""
+    out_schema = change_schema_of(schema)
+    return rows.mapInArrow(_python_decoder(schema.to_json(), encoding.to_option(), out_schema.json()), out_schema)
+
+
+def exact_rows(rows: DataFrame, schema: TableSchema) -> DataFrame:
+    """The records of ``jvm_decoded`` that Spark SQL decoded exactly, as change rows."""
+    from pyspark.sql import functions as F
+
+    return rows.where(F.col("__jvm")).select(*change_schema_of(schema).names)
+
+
+def change_schema_of(schema: TableSchema) -> StructType:
+    from cdc_platform.lake.kafka_source import change_schema
+
+    return change_schema(row_type(schema))
+
+
+def _python_decoder(schema_json: str, encoding_option: str, out_schema_json: str) -> Any:
+    """Runs in Spark's Python workers: rows Spark SQL decoded pass through, the others
+    (``__jvm`` false) are decoded from their raw columns by the Python decoder."""
+
+    def decode(batches: Iterator[Any]) -> Iterator[Any]:
+        from cdc_platform.lake.kafka_source import decode_mixed_batches
+
+        yield from decode_mixed_batches(batches, schema_json, encoding_option, out_schema_json)
+
+    return decode
+
+
+def _jvm_rows(raw: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> DataFrame:
+    """Every record decoded in Spark SQL, with ``__jvm``: whether that decoding is exact
+    (else the record is the Python decoder's) and the raw columns. In stages: each
+    expensive expression (a parse, a pattern, a conversion) is one column of a stage and
+    later stages refer to it by name, so Spark evaluates it once per record, not once per
+    reference (one flat projection parsed each envelope ten times and ran 110 patterns)."""
+    frame = raw
+    for stage in _stages(raw.sparkSession, schema, encoding)[:-1]:
+        frame = frame.select(*stage)
+    return frame
+
+
+Stage: TypeAlias = "list[Column | str]"
+_STAGES_LOCK = threading.Lock()
+_STAGES: weakref.WeakKeyDictionary[SparkSession, dict[tuple[str, str], list[Stage]]] = weakref.WeakKeyDictionary()
+
+
+def _stages(spark: SparkSession, schema: TableSchema, encoding: ValueEncoding) -> list[Stage]:
+    """The decoding's stages (each a ``select``'s columns; the last one is ``jvm_decoded``'s),
+    built once per session, table schema and encoding. Each column is a py4j call or
+    several: building them took about 0.6 s for a five-column table, on every micro-batch,
+    while the columns themselves (unresolved expressions) serve any frame of raw records."""
+    key = (schema.to_json(), encoding.to_option())
+    with _STAGES_LOCK:
+        built = _STAGES.setdefault(spark, {})
+        if key not in built:
+            built[key] = [
+                *_parsed(schema),
+                ["*", *_conversions(schema, encoding)],
+                ["*", *_assembled(schema, encoding)],
+                _row_columns(),
+                _decoded_columns(schema),
+            ]
+        return built[key]
+
+
+def _row_columns() -> Stage:
+    """The change row's columns from the assembled stage, and ``__jvm``."""
+    from pyspark.sql import functions as F
+
+    payload, key = F.col("__p"), F.col("key")
+    is_tombstone, is_t = F.col("value").isNull(), payload["op"] == "t"
+    checks = ["__lsn_ok", "__tx_ok", "__commit_ok", "__unknown_ok", "__guard"]
+    checks_ok = F.lit(True)
+    for check in checks:
+        checks_ok = checks_ok & F.col(check)
+    for part in ("before", "after"):
+        checks_ok = checks_ok & (~(payload[part].isNotNull() & ~is_t) | F.col(f"__{part}_ok"))
+    ok = F.when(is_tombstone, F.col("__key_ok") & key.isNotNull()).otherwise(
+        F.coalesce(_envelope_ok(payload) & checks_ok, F.lit(False)) & F.col("__key_ok")
+    )
+    not_t = F.when(is_tombstone | is_t, F.lit(None))
+    return [
+        *RAW_COLUMNS,
+        F.coalesce(ok, F.lit(False)).alias("__jvm"),
+        F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"),
+        F.when(F.col("timestampType") >= 0, F.col("timestamp")).alias("kafka_timestamp"),
+        F.when(~is_tombstone, payload["op"]).alias("op"),
+        is_tombstone.alias("is_tombstone"),
+        F.when(~is_tombstone, F.col("__commit")).alias("commit_lsn"),
+        F.when(~is_tombstone, F.col("__lsn")).alias("lsn"),
+        F.when(~is_tombstone, F.col("__tx")).alias("tx_id"),
+        F.when(~is_tombstone, F.timestamp_millis(payload["source"]["ts_ms"])).alias("source_ts"),
+        F.col("__key_json").alias("key_json"),
+        not_t.otherwise(F.col("__before")).alias("before"),
+        not_t.otherwise(F.col("__after")).alias("after"),
+        F.when(is_tombstone | is_t | payload["after"].isNull(), F.array().cast("array<string>"))
+        .otherwise(F.col("__unavailable"))
+        .alias("unavailable"),
+        not_t.otherwise(F.col("__unknown")).alias("unknown_columns"),
+        F.lit(None).cast("string").alias("error"),
+        F.lit(None).cast("binary").alias("raw_key"),
+        F.lit(None).cast("binary").alias("raw_value"),
+    ]
+
+
+def _decoded_columns(schema: TableSchema) -> Stage:
+    """``jvm_decoded``'s columns: the change row, ``__jvm``, and the raw record only where
+    Python decodes."""
+    from pyspark.sql import functions as F
+
+    jvm = F.col("__jvm")
+    return [
+        *change_schema_of(schema).names,
+        jvm,
+        *[F.col(c) for c in RAW_COLUMNS if c not in ("key", "value")],
+        *[F.when(~jvm, F.col(c)).alias(c) for c in ("key", "value")],  # raw bytes only where Python decodes
+    ]
+
+
+def _parsed(schema: TableSchema) -> list[Stage]:
+    """Stage 1: the value parsed once (``__env``), its top-level fields (``__top``), and the
+    payload (``__p``: the envelope itself, or Connect's ``payload``)."""
+    from pyspark.sql import functions as F
+
+    value = F.col("value").cast("string")
+    envelope = F.from_json(value, _envelope_wire(schema), JSON_OPTIONS)
+    parts = ("op", "source", "before", "after")
+    env, top = F.col("__env"), F.col("__top")
+    key_text = F.col("key").cast("string")
+    first: Stage = [
+        *RAW_COLUMNS,
+        value.alias("__text"),
+        envelope.alias("__env"),
+        F.json_object_keys(value).alias("__top"),
+        F.json_object_keys(key_text).alias("__key_top"),
+    ]
+    second: Stage = [
+        "*",
+        F.when(wrapped_in(F.col("__key_top")), F.get_json_object(key_text, "$.payload"))
+        .otherwise(key_text)
+        .alias("__key_payload"),
+        F.when(wrapped_in(top), F.lit("$.payload.")).otherwise(F.lit("$.")).alias("__path"),
+        F.when(wrapped_in(top), F.struct(*[env["payload"][p].alias(p) for p in parts]))
+        .otherwise(F.struct(*[env[p].alias(p) for p in parts]))
+        .alias("__p"),
+    ]
+    return [first, second]
+
+
+def _conversions(schema: TableSchema, encoding: ValueEncoding) -> list[Column]:
+    """Stage 2: each column of each image converted, the key, positions, field lists, the text guard."""
+    from pyspark.sql import functions as F
+
+    payload = F.col("__p")
+    columns: list[Column] = []
+    for part in ("before", "after"):
+        for i, column in enumerate(schema.columns):
+            decoding = _column(payload[part][column.name], column, encoding)
+            columns += [
+                decoding.value.alias(f"__{part}{i}"),
+                F.coalesce(decoding.needs_python, F.lit(False)).alias(f"__{part}{i}_py"),
+                decoding.unavailable.alias(f"__{part}{i}_u"),
+            ]
+        columns.append(_image_keys(part).alias(f"__{part}_keys"))
+    lsn, tx_id = _digits(payload["source"]["lsn"]), _digits(payload["source"]["txId"])
+    sequence = F.from_json(
+        payload["source"]["sequence"], "array<string>", {k: v for k, v in JSON_OPTIONS.items() if k.startswith("allow")}
+    )
+    return [
+        *columns,
+        F.from_json(F.col("__key_payload"), _key_wire(schema), JSON_OPTIONS).alias("__key_parsed"),
+        F.json_object_keys(F.col("__key_payload")).alias("__key_fields"),
+        lsn.value.alias("__lsn"),
+        lsn.ok.alias("__lsn_ok"),
+        tx_id.value.alias("__tx"),
+        tx_id.ok.alias("__tx_ok"),
+        sequence.alias("__sequence"),
+        _no_string_token_where_text_is_expected(F.col("__text"), schema).alias("__guard"),
+    ]
+
+
+def _needs_python(part: str, i: int, column: LakeColumn, encoding: ValueEncoding) -> Column:
+    from pyspark.sql import functions as F
+
+    flagged = F.col(f"__{part}{i}_py")
+    if not _column(F.col("__p")[part][column.name], column, encoding).python_if_null:
+        return flagged
+    raw, value, toasted = F.col("__p")[part][column.name], F.col(f"__{part}{i}"), F.col(f"__{part}{i}_u")
+    return flagged | F.coalesce(raw.isNotNull() & ~toasted & value.isNull(), F.lit(False))
+
+
+def _assembled(schema: TableSchema, encoding: ValueEncoding) -> list[Column]:
+    """Stage 3: the images as the lake's row structs, what Python must decode, TOAST
+    columns, unknown fields, the commit position."""
+    from pyspark.sql import functions as F
+
+    payload = F.col("__p")
+    columns: list[Column] = []
+    for part in ("before", "after"):
+        values = [
+            F.when(F.col(f"__{part}{i}_u"), F.lit(None)).otherwise(F.col(f"__{part}{i}")).alias(c.name)
+            for i, c in enumerate(schema.columns)
+        ]
+        python = [_needs_python(part, i, column, encoding) for i, column in enumerate(schema.columns)]
+        columns += [
+            F.when(payload[part].isNotNull(), F.struct(*values).cast(row_type(schema))).alias(f"__{part}"),
+            (~F.greatest(F.lit(False), *python) if python else F.lit(True)).alias(f"__{part}_ok"),
+        ]
+    toasted = [F.when(F.col(f"__after{i}_u"), F.lit(c.name)) for i, c in enumerate(schema.columns)]
+    unavailable = F.filter(F.array(*toasted), lambda n: n.isNotNull()) if toasted else F.array().cast("array<string>")
+    unknown, key = _unknown_columns(schema), _key(schema)
+    commit, commit_ok = _commit_lsn(payload["source"]["sequence"], F.col("__sequence"), F.col("__lsn"))
+    return [
+        *columns,
+        unavailable.alias("__unavailable"),
+        key.value.alias("__key_json"),
+        key.ok.alias("__key_ok"),
+        unknown.value.alias("__unknown"),
+        unknown.ok.alias("__unknown_ok"),
+        commit.alias("__commit"),
+        commit_ok.alias("__commit_ok"),
+    ]
+
+
+def _envelope_ok(payload: Column) -> Column:
+    """Whether a (non-tombstone) record is a change event whose envelope Spark SQL reads
+    exactly as ``changes.decode_record`` does (its fields are checked in their stages)."""
+    from pyspark.sql import functions as F
+
+    op = payload["op"]
+    return (
+        F.col("__env").isNotNull()
+        & F.col(f"__env.{CORRUPT}").isNull()
+        & F.expr("is_valid_utf8(value)")
+        & (F.size("__top") == F.size(F.array_distinct("__top")))
+        & ~F.col("__text").contains("cdc_unconvertible")
+        & op.isin("r", "c", "u", "d", "t")
+        & payload["source"].isNotNull()
+        & (~op.isin("c", "u", "r") | payload["after"].isNotNull())
+        & ((op != "d") | payload["before"].isNotNull() | F.col("key").isNotNull())
+    )
+
+
+def wrapped_in(top_keys: Column) -> Column:
+    """Connect's JSON converter with schemas: ``{"schema": …, "payload": …}``."""
+    from pyspark.sql import functions as F
+
+    return F.array_contains(top_keys, "schema") & F.array_contains(top_keys, "payload")
+
+
+@dataclass(frozen=True)
+class Checked:
+    value: Column
+    ok: Column
+
+
+def _envelope_wire(schema: TableSchema) -> Any:
+    """``from_json``'s schema for a value: every column as its JSON token's type."""
+    from pyspark.sql import types as T
+
+    image = T.StructType([T.StructField(c.name, _wire_type(c), True) for c in schema.columns])
+    source = T.StructType(
+        [
+            T.StructField("lsn", T.StringType()),
+            T.StructField("sequence", T.StringType()),
+            T.StructField("txId", T.StringType()),
+            T.StructField("ts_ms", T.LongType()),
+        ]
+    )
+    payload = [
+        T.StructField("op", T.StringType()),
+        T.StructField("source", source),
+        T.StructField("before", image),
+        T.StructField("after", image),
+    ]
+    return T.StructType(
+        [
+            *payload,
+            T.StructField("payload", T.StructType(payload)),
+            T.StructField(CORRUPT, T.StringType()),
+        ]
+    )
+
+
+def _wire_type(column: LakeColumn) -> DataType:
+    from pyspark.sql import types as T
+
+    kind = column.pgtype.kind
+    if kind in INT_RANGES or kind in ("date", "timestamp", "time"):
+        return T.LongType()
+    if kind in ("float32", "float64"):
+        return T.DoubleType()
+    if kind == "bool":
+        return T.BooleanType()
+    return T.StringType()
+
+
+def _column(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
+    """One column's lake value in Spark SQL, exactly as ``changes.lake_value`` gives it."""
+    convert = _CONVERSIONS.get(column.pgtype.kind, _text)
+    return convert(raw, column, encoding)
+
+
+def _integer(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
+    from pyspark.sql import functions as F
+
+    low, high = INT_RANGES[column.pgtype.kind]  # beyond: Arrow's error row, from the Python decoder
+    return ColumnDecoding(raw.try_cast(_target(column)), raw.isNotNull() & ~raw.between(low, high), F.lit(False))
+
+
+def _float(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
+    from pyspark.sql import functions as F
+
+    # NaN and ±inf to Python: it reads 1e400 as inf but refuses a 400-digit integer
+    return ColumnDecoding(raw.try_cast(_target(column)), F.isnan(raw) | (F.abs(raw) == float("inf")), F.lit(False))
+
+
+def _boolean(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
+    from pyspark.sql import functions as F
+
+    return ColumnDecoding(raw, F.lit(False), F.lit(False))
+
+
+def _date(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
+    from pyspark.sql import functions as F
+
+    fits = raw.between(-(2**31), 2**31 - 1)
+    return ColumnDecoding(F.date_from_unix_date(raw.try_cast("int")), raw.isNotNull() & ~fits, F.lit(False))
+
+
+def _array(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
+    """Arrays: the Python decoder (element types, declared dimensions)."""
+    from pyspark.sql import functions as F
+
+    placeholder = raw == F.lit(UNAVAILABLE)
+    return ColumnDecoding(F.lit(None).cast(_target(column)), raw.isNotNull() & ~placeholder, placeholder)
+
+
+def _text(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
+    """Text-like kinds (timetz too): the JSON string itself; another token sends the record
+    to Python (``_no_string_token``)."""
+    from pyspark.sql import functions as F
+
+    return ColumnDecoding(raw, F.lit(False), raw == F.lit(UNAVAILABLE))
+
+
+def _target(column: LakeColumn) -> DataType:
+    return lake_type(column.pgtype, column.typmod, column.dims)
+
+
+def _timestamp(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
+    from pyspark.sql import functions as F
+
+    unit = 1000 if encoding.in_millis("timestamp", column.typmod) else 1
+    fits = raw.between(INT64_MIN // unit + 1, INT64_MAX // unit)
+    micros = F.try_multiply(raw, F.lit(unit)) if unit != 1 else raw
+    value = F.timestamp_micros(micros).try_cast("timestamp_ntz")  # the session's time zone is UTC
+    return ColumnDecoding(value, raw.isNotNull() & ~fits, F.lit(False))
+
+
+def _time_of_day(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
+    """``changes.format_time_micros``: 'HH:MM:SS' and the fraction without trailing zeros."""
+    from pyspark.sql import functions as F
+
+    unit = 1000 if encoding.in_millis("time", column.typmod) else 1
+    micros = F.try_multiply(raw, F.lit(unit)) if unit != 1 else raw
+    fraction = micros % 1_000_000
+    clock = F.format_string(
+        "%02d:%02d:%02d", F.floor(micros / 3_600_000_000), F.floor(micros / 60_000_000) % 60,
+        F.floor(micros / 1_000_000) % 60,
+    )  # fmt: skip
+    fraction_text = F.when(fraction > 0, F.rtrim(F.format_string(".%06d", fraction), F.lit("0"))).otherwise("")
+    text = F.when(micros.isNotNull(), F.concat(clock, fraction_text))
+    return ColumnDecoding(text, raw.isNotNull() & ~F.coalesce(micros >= 0, F.lit(False)), F.lit(False))
+
+
+def _bytea(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
+    from pyspark.sql import functions as F
+
+    placeholder = (raw == F.lit(UNAVAILABLE)) | (raw == F.lit(encoding.binary_text(UNAVAILABLE.encode())))
+    if encoding.binary == "hex":
+        valid = raw.rlike(_HEX)
+        value = F.when(valid, F.unhex(raw))
+    elif encoding.binary in ("bytes", "base64"):
+        valid = raw.rlike(_BASE64)
+        value = F.when(valid, F.try_to_binary(raw, F.lit("base64")))
+    else:  # url-safe base64: the Python decoder
+        value, valid = F.lit(None).cast("binary"), F.lit(False)
+    return ColumnDecoding(value, raw.isNotNull() & ~placeholder & ~valid, placeholder)
+
+
+def _instant(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
+    from pyspark.sql import functions as F
+
+    placeholder = raw == F.lit(UNAVAILABLE)
+    parsed = F.try_to_timestamp(raw, F.lit("yyyy-MM-dd'T'HH:mm:ss[.SSSSSS]'Z'"))
+    value = (
+        F.when(raw == "infinity", F.timestamp_micros(F.lit(INT64_MAX)))
+        .when(raw == "-infinity", F.timestamp_micros(F.lit(INT64_MIN)))
+        .when(raw.rlike(_UTC_INSTANT), parsed)
+    )
+    return ColumnDecoding(value, F.lit(False), placeholder, python_if_null=True)
+
+
+def _decimal(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
+    from pyspark.sql import functions as F
+
+    placeholder = raw == F.lit(UNAVAILABLE)
+    kind = column.pgtype.kind
+    scale = (19, 2) if kind == "money" else numeric_precision_scale(column.typmod)
+    if scale is None or scale[0] > MAX_SPARK_DECIMAL_PRECISION:  # numeric kept as text: the Python decoder
+        return ColumnDecoding(raw, raw.isNotNull() & ~placeholder, placeholder)
+    precision, digits = scale
+    target = f"decimal({precision},{digits})"
+    if encoding.decimal == "precise":
+        value = _precise_decimal(raw, digits, target)
+    else:  # decimal text: exact when it has no more decimals than the column
+        fraction = F.coalesce(F.length(F.regexp_extract(raw, r"\.([0-9]+)$", 1)), F.lit(0))
+        value = F.when(raw.rlike(_DECIMAL_TEXT) & (fraction <= digits), raw).try_cast(target)
+    return ColumnDecoding(value, F.lit(False), placeholder, python_if_null=True)
+
+
+def _precise_decimal(raw: Column, scale: int, target: str) -> Column:
+    """Debezium's precise decimal (base64 of the big-endian two's-complement unscaled
+    value) as ``target``; null when it is not canonical base64 of 1 to 7 bytes (the
+    Python decoder's) or does not fit."""
+    from decimal import Decimal
+
+    from pyspark.sql import functions as F
+
+    data = F.try_to_binary(raw, F.lit("base64"))
+    size = F.length(data)
+    digits = F.hex(data)
+    unsigned = F.conv(digits, 16, 10).try_cast("bigint")
+    negative = F.substring(digits, 1, 1) >= F.lit("8")  # the sign bit of the first byte
+    two_to_bits = F.pow(F.lit(2), F.least(size, F.lit(MAX_JVM_DECIMAL_BYTES)) * 8).try_cast("bigint")  # exact
+    unscaled = unsigned - F.when(negative, two_to_bits).otherwise(F.lit(0))
+    # an integer times 10^-scale: Spark's decimal product keeps every digit (decimal(18,0) x decimal(s,s))
+    value = (unscaled.try_cast("decimal(18,0)") * F.lit(Decimal(1).scaleb(-scale))).try_cast(target)
+    # round trip: strict (as Python's validate=True) and canonical; at most 12 characters, never chunked
+    canonical = F.base64(data) == raw
+    return F.when(size.between(1, MAX_JVM_DECIMAL_BYTES) & canonical, value)
+
+
+def _digits(raw: Column) -> Checked:
+    """``changes._int_or_none``: an integer or a string of digits, else null; one past
+    64 bits is a value Python keeps and Arrow refuses (the Python decoder's error row)."""
+    from pyspark.sql import functions as F
+
+    digits = raw.rlike(r"^-?[0-9]+$")
+    value = F.when(digits, raw.try_cast("bigint"))
+    return Checked(value, F.coalesce(~digits | value.isNotNull(), F.lit(True)))
+
+
+def _commit_lsn(sequence: Column, listed: Column, lsn: Column) -> tuple[Column, Column]:
+    """The commit position: the first of ``source.sequence`` (a JSON text ``["<lsn>", …]``,
+    ``listed`` parsed), else the LSN."""
+    from pyspark.sql import functions as F
+
+    first = F.try_element_at(listed, F.lit(1))
+    number = first.try_cast("bigint")
+    value = F.when(sequence.isNull() | first.isNull(), lsn).otherwise(number)
+    ok = sequence.isNull() | (listed.isNotNull() & (F.size(listed) >= 1) & (first.isNull() | number.isNotNull()))
+    return value, F.coalesce(ok, F.lit(False))
+
+
+def _image_keys(part: str) -> Column:
+    from pyspark.sql import functions as F
+
+    text = F.when(F.col("__path") == "$.payload.", F.get_json_object("__text", f"$.payload.{part}")).otherwise(
+        F.get_json_object("__text", f"$.{part}")
+    )
+    return F.coalesce(F.json_object_keys(text), F.array().cast("array<string>"))
+
+
+def _unknown_columns(schema: TableSchema) -> Checked:
+    """Fields of the images the schema does not know (sorted), and whether no image repeats a field."""
+    from pyspark.sql import functions as F
+
+    known = F.array(*[F.lit(n) for n in schema.names]) if schema.names else F.array().cast("array<string>")
+    before, after = F.col("__before_keys"), F.col("__after_keys")
+    extra = F.array_sort(F.array_distinct(F.array_except(F.concat(before, after), known)))
+    unique = (F.size(before) == F.size(F.array_distinct(before))) & (F.size(after) == F.size(F.array_distinct(after)))
+    return Checked(F.when(F.size(extra) > 0, extra), unique)
+
+
+def _plain_key_columns(schema: TableSchema) -> list[LakeColumn] | None:
+    """The key columns when every one is an integer or text kind (a key Spark writes as
+    Python does), else None."""
+    plain = {"int16", "int32", "int64", "text", "uuid", "enum"}
+    columns = [schema.column(name) for name in schema.key]
+    if not columns or any(c is None or c.pgtype.kind not in plain for c in columns):
+        return None
+    return [c for c in columns if c is not None]
+
+
+def _key_wire(schema: TableSchema) -> Any:
+    from pyspark.sql import types as T
+
+    columns = _plain_key_columns(schema) or []
+    return T.StructType(
+        [T.StructField(c.name, _wire_type(c)) for c in columns] + [T.StructField(CORRUPT, T.StringType())]
+    )
+
+
+def _key(schema: TableSchema) -> Checked:
+    """``key_json`` as the Python decoder writes it (``json.dumps``, compact), for plain
+    keys: exactly the key columns in order, integers or ASCII strings without escapes.
+    From stage 2's ``__key_parsed`` and ``__key_fields``."""
+    from pyspark.sql import functions as F
+
+    key = F.col("key")
+    columns = _plain_key_columns(schema)
+    if columns is None:
+        return Checked(F.lit(None).cast("string"), key.isNull())
+    text, top, parsed = key.cast("string"), F.col("__key_top"), F.col("__key_parsed")
+    value = F.to_json(F.struct(*[parsed[c.name].alias(c.name) for c in columns]), {"ignoreNullFields": "false"})
+    texts = [c.name for c in columns if _wire_type(c).typeName() == "string"]
+    ok = (
+        F.expr("is_valid_utf8(key)")
+        & text.rlike(_PLAIN_KEY_TEXT)
+        & (F.size(top) == F.size(F.array_distinct(top)))
+        & (F.col("__key_fields") == F.array(*[F.lit(c.name) for c in columns]))
+        & parsed[CORRUPT].isNull()
+        & _no_string_token(text, texts)
+    )
+    return Checked(F.when(key.isNotNull(), value), key.isNull() | F.coalesce(ok, F.lit(False)))
+
+
+def _no_string_token_where_text_is_expected(value: Column, schema: TableSchema) -> Column:
+    """False when a field the JVM reads as text (a string-wire column, ``source.sequence``)
+    holds another JSON token: Spark would take its text, Python its value."""
+    names = [c.name for c in schema.columns if _wire_type(c).typeName() == "string"] + ["sequence"]
+    return _no_string_token(value, names)
+
+
+def _no_string_token(text: Column, names: list[str]) -> Column:
+    """Whether ``text`` has no ``"<name>": <a token other than a string or null>``. A
+    pattern that matches more than needed only sends records to Python."""
+    from pyspark.sql import functions as F
+
+    if not names:
+        return F.lit(True)
+    if any("\\E" in n or '"' in n or "\\" in n for n in names):
+        return F.lit(False)  # names a pattern cannot quote: every record to Python
+    alternatives = "|".join(f"\\Q{n}\\E" for n in names)
+    return ~F.coalesce(text.rlike(f'"(?:{alternatives})"\\s*:\\s*[^"\\sn]'), F.lit(False))
+
+
+_CONVERSIONS = {
+    "int16": _integer, "int32": _integer, "int64": _integer, "float32": _float, "float64": _float,
+    "bool": _boolean, "date": _date, "timestamp": _timestamp, "time": _time_of_day, "timestamptz": _instant,
+    "numeric": _decimal, "money": _decimal, "bytea": _bytea, "array": _array,
+}  # fmt: skip

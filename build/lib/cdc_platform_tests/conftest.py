@@ -1,0 +1,236 @@
+"""Shared fixtures. Integration tests run against the real `test` stack (PostgreSQL,
+Kafka and MariaDB on 127.0.0.1:5434/9192/3308, data in .cdc/test/), which this session
+starts if it is not running and stops afterwards only if it started it. A service that
+cannot start is an error for every test that needs it, never a skip.
+
+Test layers: everything under ``integration/``, ``spark/`` and ``dagster/``, and every
+test that asks for a service fixture (``stack``, ``spark``, …), is marked
+``integration``. ``pytest -m "not integration"`` is the fast layer: no service, no jars.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_platform.devtools.stack import PROFILES, StackProfile, stack_down, stack_status, stack_up
+from cdc_platform.devtools.stack.stack import load_stack_env
+
+# SIGTERM (a CI timeout) ends the run like Ctrl-C, so teardowns stop the stack
+pytest_plugins = ["cdc_platform_tests.sigterm"]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# the stack the tests run against: ``test``, or ``serial`` for the tests that restart its
+# services, which scripts/test.sh runs on a stack of their own beside the others
+TEST_PROFILE = os.environ.get("CDC_TEST_PROFILE", "test")
+INTEGRATION_DIRS = ("integration", "spark", "dagster")
+SERVICE_FIXTURES = {"stack", "demo_db", "spark", "demo_config_path", "capture_password", "connect"}
+
+# the Spark-side jars scripts/bootstrap.sh resolved (a config's spark.jars_dir wins)
+os.environ.setdefault("CDC_SPARK_JARS_DIR", str(REPO_ROOT / ".cdc" / "jars" / "spark"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that needs a service, by where it lives and what it asks for. Tests
+    that use Kafka Connect share one worker under xdist (the worker starts one Connect)."""
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(REPO_ROOT / "cdc_platform_tests").parts
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if parts[0] in INTEGRATION_DIRS or fixtures & SERVICE_FIXTURES:
+            item.add_marker(pytest.mark.integration)
+        if "connect" in fixtures:
+            item.add_marker(pytest.mark.xdist_group("kafka_connect"))
+
+
+@contextmanager
+def _one_worker_at_a_time(profile: StackProfile, name: str) -> Iterator[None]:
+    """Under pytest-xdist, workers take turns (starting the stack, setting up the demo
+    databases): a file lock in the profile's directory."""
+    profile.root.mkdir(parents=True, exist_ok=True)
+    with (profile.root / f"{name}.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _files_holding(roots: list[Path], secrets: list[bytes], skip: set[Path]) -> list[str]:
+    """Every file under ``roots`` holding one of ``secrets``. grep reads the files (a worker's
+    lakes, logs and Dagster instances: Python took 25-30 s at the end of each worker); the
+    secrets go to it on stdin, never on a command line another process could read."""
+    existing = [str(root) for root in roots if root.exists()]
+    if not existing:
+        return []
+    listed = subprocess.run(
+        ["grep", "-rlF", "--binary-files=binary", "-f", "-", *existing],
+        input=b"\n".join(secrets) + b"\n",
+        capture_output=True,
+        check=False,
+    )
+    if listed.returncode not in (0, 1):  # 1: nothing found; 2: errors, of which a file gone mid-read is fine
+        errors = [line for line in listed.stderr.decode(errors="replace").splitlines() if "No such file" not in line]
+        assert not errors, "the secret scan could not read: " + "\n".join(errors[:20])
+    found = []
+    for name in listed.stdout.decode().splitlines():
+        path = Path(name)
+        if path in skip:
+            continue
+        data = path.read_bytes()
+        found += [f"{path} holds secret #{i}" for i, secret in enumerate(secrets) if secret in data]
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_secret_in_anything_the_suite_wrote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """After every test: the stack's passwords appear in no file the suite produced —
+    Dagster instances (runs, events, compute logs), lakes, ledgers, configs, service and
+    process logs — except the 0600 secrets file the stack keeps them in."""
+    yield
+    from cdc_platform.devtools.stack.mariadb import MARIADB_PASSWORD_ENVS
+    from cdc_platform.devtools.stack.postgres import PASSWORD_ENVS
+
+    names = [*PASSWORD_ENVS.values(), *MARIADB_PASSWORD_ENVS.values()]
+    secrets = [os.environ[name].encode() for name in names if os.environ.get(name)]
+    if not secrets:
+        return  # no stack was used (the fast layer)
+    profile = PROFILES[TEST_PROFILE]
+    leaks = _files_holding([tmp_path_factory.getbasetemp(), profile.logs], secrets, skip={profile.env_file})
+    assert not leaks, "a password was written where it must never be:\n" + "\n".join(leaks[:20])
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[StackProfile]:
+    profile = PROFILES[TEST_PROFILE]
+    with _one_worker_at_a_time(profile, "stack"):
+        already_up = {name for name, state in stack_status(profile).items() if state.startswith("up")}
+        try:
+            started = stack_up(profile)
+        except Exception as exc:  # surface the stack's own message (it names the log file)
+            if not already_up:
+                stack_down(profile)  # stop what this session started, even half-way
+            pytest.fail(f"the test stack could not start: {exc}", pytrace=False)
+    load_stack_env(profile)
+    try:
+        yield profile
+    finally:
+        # a worker of several must not stop the stack under the others (scripts/test.sh
+        # starts it before the workers and stops it after them)
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        if (started.started_kafka or started.started_postgres or started.started_mariadb) and not worker:
+            stack_down(profile)
+
+
+@pytest.fixture(scope="session")
+def demo_db(stack: StackProfile) -> StackProfile:
+    """The shop and bench demo databases on the test stack."""
+    from cdc_platform.devtools.demo.setup import setup_demo
+
+    with _one_worker_at_a_time(stack, "demo_db"):  # idempotent, but not when two run at once
+        list(setup_demo(stack, pgbench_scale=1, seed_customers=50))
+    return stack
+
+
+def write_config(path: Path, profile: StackProfile, tables: str) -> Path:
+    path.write_text(
+        f"""
+sources:
+  shop:
+    host: 127.0.0.1
+    port: {profile.pg_port}
+    database: shop
+    user: cdc_capture
+    password_env: CDC_PG_PASSWORD
+  bench:
+    port: {profile.pg_port}
+    database: bench
+    user: cdc_capture
+    password_env: CDC_PG_PASSWORD
+kafka:
+  bootstrap_servers: {profile.kafka_bootstrap}
+lake:
+  root: lake
+tables:
+{tables}
+"""
+    )
+    return path
+
+
+DEMO_TABLES = """
+  - name: shop.public.customers
+  - name: shop.public.products
+  - name: shop.public.orders
+  - name: shop.public.order_lines
+  - name: shop.public.payments
+  - name: shop.public.audit_events
+    primary_key: [event_id]
+  - name: bench.public.pgbench_accounts
+"""
+
+
+@pytest.fixture(scope="session")
+def connect(stack: StackProfile) -> Iterator[Any]:
+    """Kafka Connect with the Debezium PostgreSQL connector on the test stack (started on
+    first use; stopped afterwards if this session started it). Yields its REST client."""
+    from cdc_platform.devtools.stack.connect import ConnectError, LocalConnect
+
+    worker = LocalConnect(stack)
+    try:
+        started = worker.up()
+    except ConnectError as exc:
+        pytest.fail(f"Kafka Connect could not start: {exc}", pytrace=False)
+    try:
+        yield worker.rest
+    finally:
+        if started:
+            worker.down()
+
+
+@pytest.fixture
+def demo_config_path(demo_db: StackProfile, tmp_path: Path) -> Path:
+    return write_config(tmp_path / "cdc_platform.yaml", demo_db, DEMO_TABLES)
+
+
+@pytest.fixture
+def capture_password(stack: StackProfile) -> str:
+    return os.environ["CDC_PG_PASSWORD"]
+
+
+# Spark's own test switch between generated and interpreted projections. A task of a
+# tiny test table spent more CPU generating the code of its projections (Delta's nested
+# actions above all) than running them: interpreted, the suite's Spark work costs about a
+# fifth less CPU (docs/benchmarks.md). Tests marked ``spark_codegen`` (the value cases)
+# run generated code, as production does; so do the processes the tests start.
+CODEGEN_FACTORY_MODE = "spark.sql.codegen.factoryMode"
+
+
+@pytest.fixture(scope="session")
+def spark() -> Any:
+    """One local Spark session for every test that needs Spark (getOrCreate shares it with
+    the PySpark resource of in-process Dagster runs), on interpreted projections."""
+    from cdc_platform.config.model import SparkConfig
+    from cdc_platform.lake.session import get_spark_session
+
+    return get_spark_session(SparkConfig(master="local[2]", conf={CODEGEN_FACTORY_MODE: "NO_CODEGEN"}))
+
+
+@pytest.fixture(autouse=True)
+def _spark_codegen(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked ``spark_codegen`` runs Spark's generated projections (production's)."""
+    if request.node.get_closest_marker("spark_codegen") is None:
+        yield
+        return
+    spark = request.getfixturevalue("spark")
+    spark.conf.set(CODEGEN_FACTORY_MODE, "FALLBACK")
+    try:
+        yield
+    finally:
+        spark.conf.set(CODEGEN_FACTORY_MODE, "NO_CODEGEN")

@@ -1,0 +1,82 @@
+"""A streamed table without services: a committed generation written as the platform
+writes one, and change events in the changelog's row shape, for tests of the merge rules
+on exact positions (a real source cannot be made to re-send a given event)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from cdc_platform.config.model import PlatformConfig
+from cdc_platform.envelope.pgtypes import builtin_type
+from cdc_platform.lake.ledger import Ledger
+from cdc_platform.lake.tables import lake_table
+from cdc_platform.model.generations import GenerationEvent, GenerationStatus, Watermark
+from cdc_platform.model.tables import LakeColumn, TableSchema
+
+ROW = "struct<id:bigint,v:bigint>"
+
+
+class StreamedTable:
+    """``t(id bigint primary key, v bigint)`` with generation ``g1`` of ``rows`` at watermark 50."""
+
+    def __init__(self, spark: Any, root: Path, rows: list[tuple[int, int]]) -> None:
+        self.spark = spark
+        config = PlatformConfig.model_validate(
+            {
+                "sources": {"s": {"database": "d", "user": "u", "password_env": "UNUSED"}},
+                "kafka": {"bootstrap_servers": "127.0.0.1:1"},
+                "lake": {"root": str(root / "lake")},
+                "tables": [{"name": "s.public.t", "primary_key": ["id"]}],
+            }
+        )
+        self.table = lake_table(config, config.tables[0])
+        self.ledger = Ledger(config.lake.root)
+        spark.createDataFrame(rows, "id long, v long").write.format("delta").save(self.table.snapshot_path("g1"))
+        int8 = builtin_type(20)
+        assert int8 is not None
+        schema = TableSchema((LakeColumn("id", int8), LakeColumn("v", int8)), ("id",))
+        self.ledger.record_generation(
+            GenerationEvent(
+                self.table.key,
+                "g1",
+                GenerationStatus.COMMITTED,
+                watermark=Watermark(50, {0: 0}, datetime.now(UTC)),
+                schema_json=schema.to_json(),
+            )
+        )
+        self.offset = 0
+
+    def events(self, events: list[tuple[str, int, int, int]]) -> Any:
+        """(op, id, v, commit position) as changelog rows, at the next Kafka offsets."""
+        rows = []
+        for op, key, value, commit in events:
+            image = {"id": key, "v": value}
+            before, after = (image, None) if op == "d" else (None, image)
+            rows.append((0, self.offset, op, commit, commit, before, after))
+            self.offset += 1
+        return self.spark.createDataFrame(
+            [
+                {
+                    "kafka_partition": p,
+                    "kafka_offset": o,
+                    "kafka_timestamp": datetime.now(UTC),
+                    "op": op,
+                    "is_tombstone": False,
+                    "commit_lsn": c,
+                    "lsn": lsn,
+                    "tx_id": c,
+                    "source_ts": datetime.now(UTC),
+                    "key_json": None,
+                    "before": b,
+                    "after": a,
+                    "unavailable": [],
+                    "window_start": "w",
+                }
+                for p, o, op, c, lsn, b, a in rows
+            ],
+            "kafka_partition int, kafka_offset long, kafka_timestamp timestamp, op string, is_tombstone boolean, "
+            f"commit_lsn long, lsn long, tx_id long, source_ts timestamp, key_json string, before {ROW}, "
+            f"after {ROW}, unavailable array<string>, window_start string",
+        )

@@ -1,0 +1,645 @@
+"""The stream apply (``cdc-platform apply``): one Spark application applies a source's
+tables, micro-batch by micro-batch, on the real stack.
+
+* Under a mixed workload, with a generation taken while it streams and a second one
+  later, current equals the source and every Kafka offset is in the changelog once.
+* Cut at each step of a batch (planned / changelog appended / ranges recorded / current
+  merged), the process the user runs resumes with nothing lost and nothing doubled (SIGKILLs
+  of the continuous process at random instants under load: integration/test_faults.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+from delta.tables import DeltaTable
+
+from cdc_platform.devtools.apply_process import KILLED, ApplyProcess
+from cdc_platform.devtools.faults import APPLY_CUTS
+from cdc_platform.devtools.lake import Lake
+from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.lake.apply import StreamApply, load_state
+from cdc_platform.lake.changelog import seal_day
+from cdc_platform.lake.compare import history_chain
+from cdc_platform.lake.crash_points import APPLY_POINTS
+from cdc_platform.lake.ledger import Ledger
+from cdc_platform.lake.schema_registry import schema_refresh
+from cdc_platform.lake.tables import lake_table
+from cdc_platform.lake.verify import VerifyContext, verify_table
+from cdc_platform.model.coverage import walk
+from cdc_platform.model.errors import ChangelogGapError
+from cdc_platform.model.rehydration import changelog_gap
+from cdc_platform.model.windows import (
+    DAY_S,
+    BatchPlan,
+    is_batch_key,
+    next_batch_ranges,
+    window_key,
+    window_start,
+)
+from cdc_platform.orchestration.partitions import day_partition_key
+from cdc_platform.sources import open_source
+from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
+from cdc_platform_tests.integration.test_capture_faults import DDL, Workload
+from cdc_platform_tests.spark.test_current import assert_current_equals_source
+
+pytestmark = pytest.mark.integration
+
+PAUSE_S = 0.08  # ~10 transactions/s: a busy table, and batches a 2-core CI machine applies in seconds
+STREAMED = "    apply: {engine: stream, trigger_interval_s: 0.2, max_offsets_per_batch: 50000}"
+
+
+@pytest.fixture
+def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
+    yield from make_capture_env(demo_db, tmp_path, DDL, ["items", "lines"], source_yaml=STREAMED)
+
+
+def _keys(env: CaptureEnv) -> list[str]:
+    return [f"cap.{env.schema}.{t}" for t in env.tables]
+
+
+def _engine(env: CaptureEnv, spark: Any) -> StreamApply:
+    config = env.config
+    kafka, ledger = KafkaClients(config.kafka), Ledger(config.lake.root)
+    source = open_source(config, "cap", kafka)
+    tables = [lake_table(config, t) for t in config.tables_of("cap")]
+    return StreamApply(
+        spark, ledger, kafka, tables, config.sources["cap"].apply,
+        refresh=lambda t: schema_refresh(ledger, source, t.config),
+    )  # fmt: skip
+
+
+def _assert_each_offset_once_and_no_hole(lake: Lake, spark: Any, key: str) -> None:
+    table = lake.table(key)
+    changelog = spark.read.format("delta").load(table.changelog_path)
+    rows = changelog.count()
+    assert rows == changelog.select("kafka_partition", "kafka_offset").distinct().count(), "an offset twice"
+    days = [r[0] for r in changelog.select("window_start").distinct().collect()]
+    assert 1 <= len(days) <= 2 and not any(is_batch_key(d) for d in days)  # a partition per day, not per batch
+    committed = lake.ledger.committed(key)
+    assert committed is not None and committed.watermark is not None
+    ranges = [r.offsets for rs in lake.ledger.windows(key).values() for r in rs]
+    coverage = walk(committed.watermark.kafka_end_offsets, ranges)
+    assert not coverage.holes and coverage.frontier == lake.kafka.end_offsets(table.topic)
+    position = lake.ledger.current(key)
+    assert position is not None and position.frontier == coverage.frontier  # current applied all of it
+
+
+def test_the_stream_apply_keeps_current_equal_to_the_source(env: CaptureEnv, spark: Any) -> None:
+    env.configure_table("items", "history: true")  # history merged beside current, checked while it streams
+    lake, keys = Lake(env.config, spark), _keys(env)
+    # auto compaction at 4 small files instead of 50: this test's batches reach it
+    spark.conf.set(MIN_FILES, "4")
+    try:
+        with _engine(env, spark) as engine:
+            _stream_a_mixed_workload(env, lake, keys, engine)
+    finally:
+        spark.conf.unset(MIN_FILES)
+    # each batch's MERGE adds a small file to current, and its append one per Kafka partition
+    # to the changelog: Delta compacted them (the rows are the source's and every offset is
+    # in the changelog once, asserted above), so file counts do not grow with the batches
+    table = lake.table(keys[0])
+    for name, path in (("current", table.current_path), ("changelog", table.changelog_path)):
+        compactions = [
+            r for r in DeltaTable.forPath(spark, path).history().collect()
+            if r["operation"] == "OPTIMIZE" and r["operationParameters"].get("auto") == "true"
+        ]  # fmt: skip
+        assert compactions, f"no auto compaction of {name}"
+
+
+MIN_FILES = "spark.databricks.delta.autoCompact.minNumFiles"
+
+
+def _stream_a_mixed_workload(env: CaptureEnv, lake: Lake, keys: list[str], engine: StreamApply) -> None:
+    spark = lake.spark
+    with env.running_capture():
+        workload = Workload(env, seconds=None, seed=11, pause_s=PAUSE_S)
+        workload.start()
+        workload.wait_for(30)
+        assert engine.run_pass() == []  # no generation yet: nothing to decode with, nothing applied
+        for key in keys:
+            lake.snapshot(key, "g1")  # taken while the workload runs
+        workload.wait_for(25)
+        batches = engine.run_pass()
+        lake.snapshot(keys[0], "g2")  # a second generation of items while it streams
+        workload.wait_for(25)
+        batches += engine.run_pass()
+        batches += _verify_while_it_streams(lake, keys[0], engine, workload)
+        workload.stop()
+        assert workload.error is None
+        with env.app() as app:
+            app.execute("TRUNCATE lines")
+            app.execute("INSERT INTO lines VALUES (1, 1, 'after the truncate')")
+    env.run_until_caught_up()
+    batches += engine.run_until_caught_up()
+    assert {a.table for a in batches if a.batch is not None} == set(keys)
+    assert not any(a.reapplied for a in batches)  # nothing was interrupted: no batch takes the recovery path
+    rebuilt = [a for a in batches if a.current is not None and a.current.rebuilt]
+    assert {(a.table, a.current.generation) for a in rebuilt if a.current} >= {(keys[0], "g2"), (keys[1], "g1")}
+    assert_current_equals_source(lake, keys[:1], at_least=20)
+    assert lake.read_current(keys[1]).collect() == lake.truth(keys[1]).collect()  # one row after the truncate
+    _sealing_a_day_compacts_it(lake, keys[0])
+    for key in keys:
+        _assert_each_offset_once_and_no_hole(lake, spark, key)
+    assert engine.run_pass() == []  # caught up: an idle pass writes nothing
+    _a_pass_reads_no_growing_ledger_table(env, lake, keys, engine)
+    _the_keys_check_reads_the_streamed_changelog(env, lake, keys[1], engine)
+
+
+def _sealing_a_day_compacts_it(lake: Lake, key: str) -> None:
+    """Sealing a day (what the apply does once the UTC day is over) leaves the day's
+    changelog partition in one file with exactly the same rows, and names no hole where a
+    generation committed that day restarted the batches (the compaction itself, from many
+    files: ``test_compacting_a_day_rewrites_only_that_day``)."""
+    from pyspark.sql import functions as F
+
+    table, spark = lake.table(key), lake.spark
+    changelog = spark.read.format("delta").load(table.changelog_path)
+    day = changelog.groupBy("window_start").count().orderBy(F.desc("count")).first()["window_start"]
+    version = DeltaTable.forPath(spark, table.changelog_path).history(1).first()["version"]
+
+    def day_rows(at: int | None = None) -> Any:
+        reader = spark.read.format("delta")
+        reader = reader.option("versionAsOf", at) if at is not None else reader
+        return reader.load(table.changelog_path).where(F.col("window_start") == day)
+
+    files_before = len(day_rows().inputFiles())
+    sealed = seal_day(spark, lake.ledger, table, day)
+    after, before = day_rows(), day_rows(version)
+    assert files_before >= 1 and len(after.inputFiles()) == 1
+    assert after.exceptAll(before).count() == 0 and before.exceptAll(after).count() == 0
+    assert sum(sealed.events.values()) == after.count() and sealed.sealed and sealed.clean, sealed
+
+
+@contextmanager
+def applying_in_a_thread(engine: StreamApply) -> Iterator[list[Any]]:
+    """The apply's passes one after another in a thread for the block, as ``run_forever``
+    runs them; yields the list they append their results to."""
+    applied: list[Any] = []
+    stop = threading.Event()
+
+    def keep_applying() -> None:
+        while not stop.is_set():
+            applied.extend(engine.run_pass())
+            time.sleep(0.2)
+
+    applying = threading.Thread(target=keep_applying, daemon=True)
+    applying.start()
+    try:
+        yield applied
+    finally:
+        stop.set()
+        applying.join(120)
+
+
+def _history_check(lake: Lake, key: str) -> Any:
+    from cdc_platform.lake.compare import compare_history
+    from cdc_platform.model.tables import TableSchema
+
+    committed = lake.ledger.committed(key)
+    assert committed is not None
+    schema = TableSchema.from_json(committed.schema_json)
+    return compare_history(lake.spark, lake.ledger, lake.kafka, lake.table(key), schema)
+
+
+def _verify_while_it_streams(lake: Lake, key: str, engine: StreamApply, workload: Workload) -> list[Any]:
+    """``verify`` on a table that never stops changing while the apply keeps merging:
+    exact on its first round (current read at one version, the keys changed meanwhile
+    left out), not DIFFERS because the apply moved on between the two reads (before:
+    every round differed, and verify gave up on the running demo after 10 minutes). And
+    the history check there: current and history commit each batch in turn, so it pins
+    both after the frontier both applied and leaves out the keys beyond it (without that,
+    a throwaway run found hundreds of differences)."""
+    with applying_in_a_thread(engine) as applied:
+        before = workload.transactions
+        verdict = verify_table(VerifyContext(lake.spark, lake.ledger, lake.source(key), lake.kafka), lake.table(key),
+                               timeout_s=300, rounds=1)  # fmt: skip
+        during = workload.transactions - before
+        histories = [_history_check(lake, key) for _ in range(2)]
+        chains = [history_chain(lake.spark, lake.table(key), ["id"]) for _ in range(2)]
+    for history in histories:  # history's check, pinned after the frontier both applied
+        rows = history.rows
+        assert rows is not None and rows.compared > 0, history.note
+        assert (rows.missing, rows.extra, rows.differing, rows.repeated) == (0, 0, 0, 0), rows.sample
+    assert any(history.in_flight_keys > 0 for history in histories)  # it compared while both moved
+    assert all(chain.versions > 0 and chain.faults == 0 for chain in chains), chains  # each batch commits whole
+    assert verdict.ok, (verdict.note, verdict.sample)
+    assert verdict.source_rows >= 20 and verdict.current_version >= 0
+    assert during >= 10 and verdict.in_flight_keys > 0  # it compared while the table and current moved
+    assert any(a.batch is not None for a in applied)
+    return applied
+
+
+def _a_pass_reads_no_growing_ledger_table(env: CaptureEnv, lake: Lake, keys: list[str], engine: StreamApply) -> None:
+    """The windows and batches tables grow with every batch; a running apply keeps what it
+    needs of them in memory, so a pass costs the same after a year as after a minute."""
+    with env.app() as app:
+        app.execute("INSERT INTO lines VALUES (2, 1, 'one more')")
+    env.run_until_caught_up()
+    reads: list[str] = []
+    ledger = engine.ledger
+    for name in ("windows", "batches", "last_batch", "current"):
+        original = getattr(ledger, name)
+        setattr(ledger, name, lambda *a, _n=name, _f=original: reads.append(_n) or _f(*a))
+    try:
+        applied = engine.run_pass()
+    finally:
+        for name in ("windows", "batches", "last_batch", "current"):
+            delattr(ledger, name)
+    assert [a.table for a in applied if a.batch is not None] == [keys[1]]
+    assert reads == []
+    assert lake.read_current(keys[1]).count() == 2
+
+
+def _the_keys_check_reads_the_streamed_changelog(env: CaptureEnv, lake: Lake, key: str, engine: StreamApply) -> None:
+    """The keys check reads the changelog's recent records: each Kafka key holds exactly the
+    table's key, and each record (partition, offset) is in the changelog once. It looked for
+    the recent records by window key, and a streamed changelog's partitions are days, not
+    windows: it checked no record at all and passed, whatever the records held. A record
+    keyed by another producer, and a record appended twice, now fail it; sealing the day
+    counts the record appended twice too."""
+    from confluent_kafka import Producer
+    from pyspark.sql import functions as F
+
+    from cdc_platform.lake.checks import check_keys, recent_changelog
+
+    spark, table, keys = lake.spark, lake.table(key), ["order_id", "line_no"]
+    clean = check_keys(lake.read_current(key), recent_changelog(spark, lake.ledger, table), keys)
+    assert clean.kafka_events_checked > 0 and clean.passed, clean
+    row = {"order_id": 2, "line_no": 1, "note": "one more"}  # the last insert (_a_pass_reads_no_growing_ledger_table)
+    original = [m for m in env.consume(["lines"]) if m.value and m.envelope["after"] == row][-1]
+    producer = Producer({"bootstrap.servers": env.profile.kafka_bootstrap})
+    foreign_key = b'{"order_id": 2, "line_no": 1, "tenant": 1}'
+    producer.produce(table.topic, original.value, key=foreign_key, partition=original.partition)
+    assert producer.flush(10) == 0
+    assert [a.table for a in engine.run_until_caught_up() if a.batch is not None] == [key]
+    changelog = spark.read.format("delta").load(table.changelog_path)
+    record = (F.col("kafka_partition") == original.partition) & (F.col("kafka_offset") == original.offset)
+    twice = changelog.where(record)
+    assert _day_check_run(env, table, day_partition_key(table.config, twice.first()["window_start"])).passed
+    twice.localCheckpoint().write.format("delta").mode("append").save(table.changelog_path)  # as a doubling bug would
+    broken = check_keys(lake.read_current(key), recent_changelog(spark, lake.ledger, table), keys)
+    assert (broken.kafka_key_mismatches, broken.kafka_unstable_rows, broken.changelog_records_twice) == (1, 1, 1)
+    assert broken.current_passed and not broken.changelog_passed  # current is right: only the non-blocking check fails
+    assert any('"tenant":1' in s for s in broken.kafka_sample), broken.kafka_sample
+    assert f"partition {original.partition} offset {original.offset}" in " ".join(broken.kafka_sample)
+    day = twice.first()["window_start"]
+    failed = _day_check_run(env, table, day_partition_key(table.config, day))
+    assert (failed.passed, failed.metadata["records_twice"].value, failed.metadata["holes"].value) == (False, 1, 0)
+    assert failed.description is not None and "1 record(s) twice" in failed.description
+    sealed = seal_day(spark, lake.ledger, table, day)
+    assert sealed.records_twice == 1 and not sealed.clean, sealed
+
+
+def _day_check_run(env: CaptureEnv, table: Any, partition: str) -> Any:
+    """The changelog's ``every_offset_once`` check run for one day, as a user runs it from
+    the UI (the stream apply reports it itself when it seals a day): its evaluation."""
+    import dagster as dg
+
+    from cdc_platform.orchestration.definitions import build_definitions
+    from cdc_platform.orchestration.keys import DAY_CHECK, changelog_asset_key
+    from cdc_platform.orchestration.partitions import changelog_days_partitions
+
+    check = dg.AssetCheckKey(changelog_asset_key(table.config), DAY_CHECK)
+    job = dg.define_asset_job("day_check", selection=dg.AssetSelection.checks(check))
+    defs = dg.Definitions.merge(build_definitions(env.config_path), dg.Definitions(jobs=[job]))
+    with dg.DagsterInstance.ephemeral() as instance:
+        days = changelog_days_partitions(table.config).name
+        assert days is not None
+        instance.add_dynamic_partitions(days, [partition])
+        run = defs.resolve_job_def("day_check").execute_in_process(
+            instance=instance, tags={"dagster/partition": partition}, raise_on_error=False
+        )
+        assert run.success
+        [evaluation] = run.get_asset_check_evaluations()
+    assert evaluation.partition == partition
+    return evaluation
+
+
+def _apply(env: CaptureEnv, *args: str, fault: str | None = None) -> int:
+    """``cdc-platform apply`` as the user runs it, optionally cut at a crash point: its exit status."""
+    process = ApplyProcess(env.config_path, "cap", env.config_path.parent / "apply.log", {})
+    process.start(*args, crash_point=fault)
+    return process.wait_exit(timeout_s=300)
+
+
+def _changes(env: CaptureEnv, seed: int, first_id: int, transactions: int = 40) -> None:
+    workload = Workload(env, seconds=None, seed=seed, first_id=first_id, pause_s=PAUSE_S)
+    workload.start()
+    workload.wait_for(transactions)
+    workload.stop()
+    assert workload.error is None
+
+
+@pytest.fixture
+def one_table_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
+    yield from make_capture_env(demo_db, tmp_path, DDL, ["items"], source_yaml=STREAMED)
+
+
+def test_an_apply_cut_at_any_step_resumes_exactly(one_table_env: CaptureEnv, spark: Any) -> None:
+    """The crash points the fault suite does not cut, deterministically; SIGKILLs of the
+    continuous process at random instants and at APPLY_CUTS under load, with several
+    tables, are the fault suite's (integration/test_faults.py).
+    One table: a run dies at the first table that reaches the point, so a second table
+    would add batches to every run and no cut of its own."""
+    env = one_table_env
+    lake, keys = Lake(env.config, spark), _keys(env)
+    _changes(env, seed=1, first_id=1)
+    env.run_until_caught_up()
+    for key in keys:
+        lake.snapshot(key, "g1")
+    # cut between two steps of a batch: each run dies there, the next one resumes (the
+    # fault suite cuts the long-running process at the other points, APPLY_CUTS, under load)
+    for i, point in enumerate(p for p in APPLY_POINTS if p not in APPLY_CUTS):
+        _changes(env, seed=10 + i, first_id=1000 * (i + 1))
+        env.run_until_caught_up()
+        assert _apply(env, "--once", fault=point) == KILLED, point
+    env.run_until_caught_up()
+    assert _apply(env, "--once") == 0
+    log = (env.config_path.parent / "apply.log").read_text()
+    assert "cdc_platform.apply" in log and "alembic" not in log  # the Dagster instance's schema check is quiet
+    assert_current_equals_source(lake, keys, at_least=20)
+    for key in keys:  # every batch cut short was applied later with the offsets it was planned with
+        recorded = lake.ledger.windows(key)
+        plans = lake.ledger.batches(key)
+        assert len(plans) >= 2 and [p.number for p in plans] == list(range(1, len(plans) + 1))
+        assert all(recorded[p.key] == p.as_window(reused=False).ranges for p in plans)
+    for key in keys:
+        _assert_each_offset_once_and_no_hole(lake, spark, key)
+
+
+@pytest.fixture
+def grouped_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
+    """Two tables of one source, ``lines`` in apply group ``big`` and partitioned by the hour."""
+    for env in make_capture_env(demo_db, tmp_path, DDL, ["items", "lines"], source_yaml=STREAMED):
+        entry = f"  - name: cap.{env.schema}.lines\n"
+        settings = "    apply_group: big\n    changelog: {partition: hour}\n"
+        env.config_path.write_text(env.config_path.read_text().replace(entry, entry + settings))
+        yield env
+
+
+@pytest.fixture
+def deletable_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
+    """One table whose topic takes DeleteRecords (the delete policy): retention, on demand."""
+    for env in make_capture_env(demo_db, tmp_path, DDL, ["items"], source_yaml=STREAMED):
+        text = env.config_path.read_text()
+        policy = "  partitions: 3\n  cleanup_policy: compact,delete\n"
+        env.config_path.write_text(text.replace("  partitions: 3\n", policy))
+        yield env
+
+
+def test_a_batch_whose_records_retention_deleted_is_a_gap_not_a_silent_loss(
+    deletable_env: CaptureEnv, spark: Any
+) -> None:
+    """A batch is planned (then its process dies, or it is slow), and retention deletes its
+    records before they are read. Spark's Kafka source skips missing offsets without a word
+    (it must, for compaction), so the apply must notice: the table fails with a changelog
+    gap, nothing of the batch is written or recorded, and the rehydration sensor's rule
+    sees the gap. Before: the batch was recorded as applied with none of its changes, the
+    frontier moved past the hole, and no check noticed."""
+    env, spark_session = deletable_env, spark
+    lake, [key] = Lake(env.config, spark_session), _keys(env)
+    _changes(env, seed=1, first_id=1)
+    env.run_until_caught_up()
+    lake.snapshot(key, "g1")
+    _changes(env, seed=2, first_id=1000)
+    env.run_until_caught_up()
+    table, committed = lake.table(key), lake.ledger.committed(key)
+    assert committed is not None
+    state = load_state(lake.ledger, table, committed)
+    marks = lake.kafka.watermarks(table.topic)
+    ranges = next_batch_ranges(key, state.recorded, marks, 50_000)
+    assert sum(r.end - r.start for r in ranges) >= 40
+    plan = BatchPlan(1, window_key(window_start(datetime.now(UTC), DAY_S)), ranges)
+    lake.ledger.plan_batch(key, plan)  # what a process cut right after planning leaves behind
+    admin = AdminClient({"bootstrap.servers": env.profile.kafka_bootstrap})
+    ends = [TopicPartition(table.topic, p, high) for p, (_, high) in marks.items()]
+    for future in admin.delete_records(ends).values():
+        future.result(timeout=30)
+    with _engine(env, spark_session) as engine:
+        assert engine.run_pass() == []  # the table failed, kept to itself
+        error = engine.health[key].error
+    assert isinstance(error, ChangelogGapError), error
+    assert "new generation" in str(error)
+    assert plan.key not in lake.ledger.windows(key)  # nothing recorded as applied
+    changelog = lake.table(key).changelog_path
+    assert (
+        not DeltaTable.isDeltaTable(spark_session, changelog)
+        or spark_session.read.format("delta").load(changelog).count() == 0
+    )
+    earliest = {p: low for p, (low, _) in lake.kafka.watermarks(table.topic).items()}
+    assert changelog_gap(key, "g1", load_state(lake.ledger, table, committed).recorded, earliest) is not None
+    # the new generation the sensor starts: the batch planned before it is abandoned, not re-read forever
+    _changes(env, seed=3, first_id=2000)
+    env.run_until_caught_up()
+    lake.snapshot(key, "g2")
+    _changes(env, seed=4, first_id=3000)
+    env.run_until_caught_up()
+    with _engine(env, spark_session) as engine:
+        applied = engine.run_until_caught_up()
+    assert any(a.batch is not None for a in applied)
+    assert_current_equals_source(lake, [key], at_least=20)
+
+
+def test_a_lake_built_by_windows_goes_on_in_the_stream_with_deletion_vectors(env: CaptureEnv, spark: Any) -> None:
+    """Existing lakes: a source that was applied by window runs into a current without
+    deletion vectors or auto compaction (as before they existed) is switched to the stream:
+    the apply continues at the windows' recorded frontier, gives current deletion vectors
+    and its tables auto compaction, and current equals the source with every offset in
+    the changelog once."""
+    from datetime import timedelta
+
+    from delta.tables import DeltaTable
+
+    keys = _keys(env)
+    config = env.config
+    no_grace = [
+        t.model_copy(update={"changelog": t.changelog.model_copy(update={"grace_s": 0.0})}) for t in config.tables
+    ]
+    lake_settings = config.lake.model_copy(update={"deletion_vectors": False})
+    old = Lake(config.model_copy(update={"lake": lake_settings, "tables": no_grace}), spark)
+    _changes(env, seed=3, first_id=1)
+    env.run_until_caught_up()
+    for key in keys:
+        old.snapshot(key, "g1")
+    _changes(env, seed=4, first_id=5000)
+    env.run_until_caught_up()
+    start, end = datetime(2026, 1, 1, tzinfo=UTC), datetime.now(UTC) + timedelta(seconds=1)
+    time.sleep(1.5)  # the window is closed (no grace)
+    for key in keys:
+        assert old.window(key, start, end).rows > 0
+        old.current(key)
+
+    def properties(path: str) -> dict[str, str]:
+        detail = DeltaTable.forPath(spark, path).detail().first()
+        assert detail is not None
+        return dict(detail["properties"] or {})
+
+    def deletion_vectors(key: str) -> bool:
+        return properties(old.table(key).current_path).get("delta.enableDeletionVectors") == "true"
+
+    def compacted_paths(key: str) -> list[str]:
+        table = old.table(key)
+        return [table.current_path, table.changelog_path, table.deletes_path]
+
+    for path in [p for key in keys for p in compacted_paths(key)]:  # as lakes from before auto compaction
+        spark.sql(f"ALTER TABLE delta.`{path}` UNSET TBLPROPERTIES IF EXISTS ('delta.autoOptimize.autoCompact')")
+    assert not any(deletion_vectors(key) for key in keys)
+    _changes(env, seed=5, first_id=9000)  # more changes after the switch
+    env.run_until_caught_up()
+    assert _apply(env, "--once") == 0
+    assert all(deletion_vectors(key) for key in keys)
+    auto_compact = [properties(p).get("delta.autoOptimize.autoCompact") for key in keys for p in compacted_paths(key)]
+    assert auto_compact == ["true"] * len(auto_compact)
+    lake = Lake(env.config, spark)
+    assert_current_equals_source(lake, keys, at_least=20)
+    for key in keys:
+        assert any(not is_batch_key(w) for w in lake.ledger.windows(key))  # the windows' ranges, kept
+        _assert_each_offset_once_and_no_hole(lake, spark, key)
+
+
+def test_a_scheduled_run_applies_what_is_available_and_reports_each_table(grouped_env: CaptureEnv, spark: Any) -> None:
+    """The scheduled mode: the source's Dagster job (what ``apply.schedule`` starts) applies
+    everything Kafka holds and stops; the run materializes today's changelog partition of
+    each table and observes its current (current is materialized by the run that checks it),
+    and a continuous apply holding the source makes it fail. Before it, ``cdc-platform apply
+    --group big`` applies that group's table alone, into hourly changelog partitions."""
+    import dagster as dg
+
+    from cdc_platform.orchestration.definitions import build_definitions
+
+    env, started = grouped_env, datetime.now(UTC)
+    lake, keys = Lake(env.config, spark), _keys(env)
+    items, lines = keys
+    _changes(env, seed=21, first_id=1)
+    env.run_until_caught_up()
+    for key in keys:
+        lake.snapshot(key, "g1")
+    _changes(env, seed=22, first_id=3000)
+    env.run_until_caught_up()
+    assert _apply(env, "--once", "--group", "big") == 0
+    assert lake.ledger.batches(lines) and not lake.ledger.batches(items)  # the group's table only
+    defs = build_definitions(env.config_path)
+    job = defs.resolve_job_def("cap__apply_job")
+    with dg.instance_for_test() as instance:
+        result = job.execute_in_process(instance=instance, resources=defs.resources)
+        assert result.success
+        materialized = {e.asset_key.path[-1] for e in result.get_asset_materialization_events()}
+        observed = {e.asset_key.path[-1] for e in result.get_asset_observation_events()}
+        tables = [key.split(".")[-1] for key in keys]
+        assert (materialized, observed) == ({"changelog"}, set(tables))  # changelog days; current of each
+        days = [e for e in result.get_asset_materialization_events() if e.asset_key.path[-1] == "changelog"]
+        assert {e.partition for e in days} == {datetime.now(UTC).strftime("%Y-%m-%d")}  # items' (lines was applied)
+        assert all(e.materialization.metadata["batches"].value >= 1 for e in days)  # type: ignore[union-attr]
+        assert_current_equals_source(lake, keys, at_least=20)
+        _each_changelog_partition_is_a_day_or_an_hour(lake, spark, {items: DAY_S, lines: 3_600}, started)
+        _the_ten_minute_run_checks_a_streamed_current(env, defs, instance, keys[0])
+        with _engine(env, spark) as holder:  # a continuous apply of the source
+            holder.run_pass()
+            refused = job.execute_in_process(instance=instance, resources=defs.resources, raise_on_error=False)
+        assert not refused.success
+        failure = next(e for e in refused.all_events if e.is_step_failure)
+        assert "already applied by another process" in str(failure.step_failure_data.error)  # type: ignore[union-attr]
+
+
+def _each_changelog_partition_is_a_day_or_an_hour(
+    lake: Lake, spark: Any, sizes: dict[str, int], started: datetime
+) -> None:
+    """Each table's batches wrote to the changelog partition of the day (or hour) they were planned in."""
+    ended = datetime.now(UTC)
+    for key, size in sizes.items():
+        planned_in = {window_key(window_start(t, size)) for t in (started, ended)}
+        batches = {p.day for p in lake.ledger.batches(key)}
+        changelog = spark.read.format("delta").load(lake.table(key).changelog_path)
+        assert batches and batches <= planned_in
+        assert {r[0] for r in changelog.select("window_start").distinct().collect()} == batches
+
+
+def _the_ten_minute_run_checks_a_streamed_current(env: CaptureEnv, defs: Any, instance: Any, key: str) -> None:
+    """The run the check cadence starts for a streamed table: it writes nothing, materializes
+    current as the apply left it (a checked version) and evaluates its checks, ``fresh``
+    among them (from the ledger's frontier and the topic's end offsets)."""
+    import dagster as dg
+
+    from cdc_platform.orchestration.keys import FRESH_CHECK, current_asset_key
+
+    current = current_asset_key(env.config.table(key))
+    job = dg.define_asset_job("check_current", selection=dg.AssetSelection.assets(current))
+    run = (
+        dg.Definitions.merge(defs, dg.Definitions(jobs=[job]))
+        .resolve_job_def("check_current")
+        .execute_in_process(instance=instance, raise_on_error=False)
+    )
+    assert run.success
+    assert [e.asset_key for e in run.get_asset_materialization_events()] == [current]
+    verdicts = {e.check_name: e.passed for e in run.get_asset_check_evaluations()}
+    assert verdicts == {FRESH_CHECK: True, "schema_compatible": True, "keys": True, "changelog_keys": True,
+                        "completeness": True}, verdicts  # fmt: skip
+    fresh = next(e for e in run.get_asset_check_evaluations() if e.check_name == FRESH_CHECK)
+    assert fresh.metadata["offsets_behind"].value == 0  # the apply job applied everything there was
+
+
+def test_a_re_applied_batch_finds_its_committed_append_by_the_identity_in_the_commit(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A batch cut short after its changelog append committed is not appended again: the
+    commit carries the batch's identity (``userMetadata``), which the re-apply looks for."""
+    from cdc_platform.lake.changelog import BatchWrite, append_options, committed_before
+
+    path = str(tmp_path / "changelog")
+    config = load_config_text(tmp_path)
+    table = lake_table(config, config.tables[0])
+    for number in (1, 2):
+        frame = spark.createDataFrame([(number,)], "n long")
+        frame.write.format("delta").mode("append").options(**append_options(table, BatchWrite(number))).save(path)
+    assert committed_before(spark, path, f"cdc_platform.apply.{table.key}#2")
+    assert committed_before(spark, path, f"cdc_platform.apply.{table.key}#1")
+    assert not committed_before(spark, path, f"cdc_platform.apply.{table.key}#3")
+    assert not committed_before(spark, str(tmp_path / "absent"), f"cdc_platform.apply.{table.key}#1")
+
+
+def test_compacting_a_day_rewrites_only_that_day(spark: Any, tmp_path: Path) -> None:
+    """A sealed day's changelog partition (a file per Kafka partition and batch) becomes one
+    file with the same rows; the day still filling keeps its files."""
+    from pyspark.sql import functions as F
+
+    from cdc_platform.lake.changelog import compact_day
+
+    config = load_config_text(tmp_path)
+    table = lake_table(config, config.tables[0])
+    days = ("2026-11-25T00:00:00Z", "2026-11-26T00:00:00Z")
+    for batch in range(6):
+        rows = [(batch * 10 + i, day) for i in range(10) for day in days]
+        frame = spark.createDataFrame(rows, "kafka_offset long, window_start string").repartition(3)
+        frame.write.format("delta").mode("append").partitionBy("window_start").save(table.changelog_path)
+
+    def files(day: str) -> int:
+        frame = spark.read.format("delta").load(table.changelog_path).where(F.col("window_start") == day)
+        return len(frame.inputFiles())
+
+    before = {day: files(day) for day in days}
+    rows_before = spark.read.format("delta").load(table.changelog_path).collect()
+    removed, added = compact_day(spark, table, days[0])
+    assert before[days[0]] >= 6 and (removed, added) == (before[days[0]], 1)
+    assert files(days[0]) == 1 and files(days[1]) == before[days[1]]
+    assert sorted(spark.read.format("delta").load(table.changelog_path).collect()) == sorted(rows_before)
+
+
+def load_config_text(tmp_path: Path) -> Any:
+    from cdc_platform.config import load_config
+
+    path = tmp_path / "cdc_platform.yaml"
+    path.write_text(
+        "sources: {s: {database: d, user: u, password_env: PW, apply: {engine: stream}}}\n"
+        "kafka: {bootstrap_servers: '127.0.0.1:1'}\nlake: {root: lake}\ntables: [{name: s.public.t}]\n"
+    )
+    return load_config(path)

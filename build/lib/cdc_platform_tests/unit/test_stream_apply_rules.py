@@ -1,0 +1,621 @@
+"""The stream apply's pure rules: batch keys and partitions, the next batch's offsets, its
+plan in the ledger, a table's health, the config block, and the crash points."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_platform.config import ConfigError, load_config
+from cdc_platform.lake.apply import RETRY_FIRST_S, TableHealth, continues
+from cdc_platform.lake.ledger import Ledger
+from cdc_platform.model.coverage import OffsetRange, walk
+from cdc_platform.model.errors import ChangelogGapError, FatalError, RetriableError
+from cdc_platform.model.windows import BatchPlan, batch_key, changelog_partition, is_batch_key, next_batch_ranges
+from cdc_platform.orchestration.keys import DAY_CHECK
+
+DAY = "2026-11-25T00:00:00Z"
+
+
+def test_a_batch_writes_to_its_days_partition_and_keys_sort_in_batch_order() -> None:
+    assert changelog_partition(batch_key(DAY, 42)) == DAY
+    assert changelog_partition("2026-11-25T08:05:00Z") == "2026-11-25T08:05:00Z"  # a window is its own partition
+    assert is_batch_key(batch_key(DAY, 1)) and not is_batch_key(DAY)
+    assert sorted([batch_key(DAY, 10), batch_key(DAY, 9), batch_key(DAY, 100)]) == [
+        batch_key(DAY, 9), batch_key(DAY, 10), batch_key(DAY, 100),
+    ]  # fmt: skip
+
+
+def test_the_next_batch_reads_from_the_frontier_to_the_end_of_each_partition() -> None:
+    ranges = next_batch_ranges("t", {0: 10, 1: 5, 2: 7}, {0: (0, 15), 1: (0, 5), 2: (3, 9)}, max_offsets=1000)
+    assert ranges == (OffsetRange(0, 10, 15), OffsetRange(2, 7, 9))  # partition 1 has nothing new
+    # a partition the frontier does not know (the topic grew) starts at 0
+    assert next_batch_ranges("t", {0: 4}, {0: (0, 4), 1: (0, 2)}, 1000) == (OffsetRange(1, 0, 2),)
+    assert next_batch_ranges("t", {0: 4}, {0: (0, 4)}, 1000) == ()
+
+
+def test_a_batch_is_bounded_and_shared_between_partitions() -> None:
+    ranges = next_batch_ranges("t", {0: 0, 1: 0}, {0: (0, 5000), 1: (0, 10)}, max_offsets=2000)
+    assert ranges == (OffsetRange(0, 0, 1000), OffsetRange(1, 0, 10))
+    # batches planned one after another cover every offset once
+    frontier: dict[int, int] = {0: 0, 1: 0}
+    seen: list[OffsetRange] = []
+    while batch := next_batch_ranges("t", frontier, {0: (0, 5000), 1: (0, 10)}, max_offsets=2000):
+        seen.extend(batch)
+        frontier = walk(frontier, batch).frontier
+    assert frontier == {0: 5000, 1: 10} and sum(r.size for r in seen) == 5010
+
+
+def test_offsets_kafka_no_longer_holds_are_a_hole() -> None:
+    with pytest.raises(ChangelogGapError, match=r"partition 1 must continue at offset 3.*rehydrated"):
+        next_batch_ranges("t", {0: 0, 1: 3}, {0: (0, 1), 1: (8, 20)}, 1000)
+
+
+def test_a_pending_batch_is_re_applied_only_where_it_continues_the_frontier() -> None:
+    """A batch planned before a new generation (whose watermark is past it) is abandoned:
+    re-reading it would read offsets the generation holds, or ones retention deleted."""
+    plan = BatchPlan(7, "2026-11-25T00:00:00Z", (OffsetRange(0, 10, 20), OffsetRange(2, 0, 5)))
+    assert continues({0: 10}, plan)  # partition 2 never read: it stands at 0
+    assert continues({0: 10, 1: 4, 2: 0}, plan)
+    assert not continues({0: 15}, plan)  # a new generation's watermark inside the batch
+    assert not continues({0: 30, 2: 9}, plan)  # past it
+
+
+def test_a_batch_plan_is_read_back_and_the_first_planning_wins(tmp_path: Path) -> None:
+    ledger = Ledger(str(tmp_path))
+    assert ledger.last_batch("s.p.t") is None
+    first = BatchPlan(1, DAY, (OffsetRange(0, 0, 5), OffsetRange(1, 2, 4)))
+    ledger.plan_batch("s.p.t", first)
+    ledger.plan_batch("s.p.t", BatchPlan(1, DAY, (OffsetRange(0, 0, 9),)))  # a racing apply's plan
+    ledger.plan_batch("other.p.t", BatchPlan(7, DAY, (OffsetRange(0, 0, 1),)))
+    assert ledger.last_batch("s.p.t") == first
+    second = BatchPlan(2, DAY, (OffsetRange(0, 5, 6),))
+    ledger.plan_batch("s.p.t", second)
+    assert ledger.last_batch("s.p.t") == second
+    # recorded as a changelog range set, the batch is covered like a window
+    ledger.record_window("s.p.t", second.as_window(reused=False))
+    assert ledger.windows("s.p.t") == {second.key: second.as_window(reused=False).ranges}
+
+
+def test_a_retriable_failure_backs_off_and_a_fatal_one_parks_the_table_until_a_new_generation() -> None:
+    health = TableHealth()
+    assert health.ready("g1", now=0.0)
+    health.failed(RetriableError("broker down"), "g1", now=0.0)
+    assert not health.ready("g1", now=RETRY_FIRST_S - 0.1) and health.ready("g1", now=RETRY_FIRST_S)
+    health.failed(RetriableError("broker down"), "g1", now=10.0)
+    assert not health.ready("g1", now=10.0 + RETRY_FIRST_S) and health.ready("g1", now=10.0 + 2 * RETRY_FIRST_S)
+    health.succeeded()
+    health.failed(FatalError("incompatible schema"), "g1", now=0.0)
+    assert not health.ready("g1", now=1e9)  # parked, however long
+    assert health.ready("g2", now=0.0) and health.error is None  # a new generation: tried again
+
+
+def _config(tmp_path: Path, apply: str) -> Path:
+    path = tmp_path / "cdc_platform.yaml"
+    path.write_text(
+        f"""
+sources:
+  shop:
+    database: shop
+    user: u
+    password_env: PW
+{apply}
+kafka: {{bootstrap_servers: "127.0.0.1:9092"}}
+lake: {{root: lake}}
+tables:
+  - name: shop.public.orders
+"""
+    )
+    return path
+
+
+def test_the_apply_engine_is_chosen_per_source(tmp_path: Path) -> None:
+    windows = load_config(_config(tmp_path, ""))
+    assert not windows.streamed(windows.tables[0])
+    streamed = load_config(_config(tmp_path, "    apply: {engine: stream, trigger_interval_s: 0.5}"))
+    assert streamed.streamed(streamed.tables[0]) and streamed.sources["shop"].apply.trigger_interval_s == 0.5
+    with pytest.raises(ConfigError, match=r"sources\.shop\.apply\.engine.*'windows' or 'stream'"):
+        load_config(_config(tmp_path, "    apply: {engine: spark}"))
+
+
+def test_records_are_decoded_in_the_jvm_unless_the_kafka_client_needs_librdkafka_settings(tmp_path: Path) -> None:
+    from cdc_platform.lake.changelog import decodes_in_jvm
+    from cdc_platform.lake.tables import lake_table
+
+    def decoder(apply: str, kafka_options: str = "") -> bool:
+        text = _config(tmp_path, apply).read_text()
+        if kafka_options:
+            text = text.replace('kafka: {bootstrap_servers: "127.0.0.1:9092"}', kafka_options)
+        (tmp_path / "cdc_platform.yaml").write_text(text)
+        config = load_config(tmp_path / "cdc_platform.yaml")
+        return decodes_in_jvm(lake_table(config, config.tables[0]), config.kafka)
+
+    tls = 'kafka: {bootstrap_servers: "127.0.0.1:9092", options: {security.protocol: ssl}}'
+    assert decoder("") and decoder("    apply: {decoder: jvm}")
+    assert not decoder("", tls) and not decoder("    apply: {decoder: python}")
+    with pytest.raises(FatalError, match=r"shop: apply.decoder is jvm, but kafka sets \['security.protocol'\].*auto"):
+        decoder("    apply: {decoder: jvm}", tls)
+
+
+def test_a_crash_point_ends_the_process_only_where_it_is_named() -> None:
+    code = (
+        "from cdc_platform.lake.crash_points import crash_point as c; "
+        "c('apply.planned'); print('past', flush=True); c('{}')"
+    )
+    env = {"CDC_FAULT_EXIT_AT": "apply.recorded", "PATH": ""}
+
+    def run(point: str) -> tuple[int, bytes]:
+        done = subprocess.run([sys.executable, "-c", code.format(point)], env=env, capture_output=True, check=False)
+        return done.returncode, done.stdout
+
+    assert run("apply.recorded") == (137, b"past\n")  # like SIGKILL: nothing after it
+    assert run("current.merged") == (0, b"past\n")
+
+
+def test_a_running_apply_reports_current_to_dagster_at_most_once_a_minute(tmp_path: Path) -> None:
+    import dagster as dg
+
+    from cdc_platform.lake.apply import TableApplied
+    from cdc_platform.lake.current import CurrentResult
+    from cdc_platform.lake.tables import lake_table
+    from cdc_platform.orchestration.reporting import RunlessReporter
+
+    config = load_config(_config(tmp_path, "    apply: {engine: stream}"))
+    table = lake_table(config, config.tables[0])
+    now = [0.0]
+    with dg.DagsterInstance.ephemeral() as instance:
+        report = RunlessReporter(instance, [table], position=str, clock=lambda: now[0])
+
+        def applied(changes: int, rebuilt: bool = False) -> list[TableApplied]:
+            result = CurrentResult("g1", rebuilt, changes, 10, {0: 5}, 123, None, 0.1)
+            return [TableApplied(table.key, batch="b", current=result)]
+
+        def events() -> list[Any]:
+            records = instance.fetch_observations(dg.AssetKey(["shop", "orders"]), limit=100).records
+            return [r.asset_observation for r in records]
+
+        report(applied(3))
+        for second in range(1, 60):  # a micro-batch a second: folded into the next report
+            now[0] = float(second)
+            report(applied(2))
+        assert len(events()) == 1
+        now[0] = 60.0
+        report(applied(2))
+        assert len(events()) == 2
+        newest = events()[0]
+        assert newest is not None and newest.metadata["changes_applied"].value == 2 * 60
+        assert newest.metadata["engine"].value == "stream" and newest.metadata["last_applied_lsn"].value == "123"
+        now[0] = 61.0
+        report(applied(0, rebuilt=True))  # a new generation is shown at once
+        assert len(events()) == 3
+
+
+def test_the_apply_observes_current_and_reports_its_fresh_check(tmp_path: Path) -> None:
+    """Current is observed, never materialized, by the apply: Dagster counts a check's
+    result only for the materialization it followed, and materializations every minute hid
+    every result of the 10-minute check runs. What the apply says about current's lag is the
+    ``fresh`` check: failing while an hour behind, passing again as soon as it is back."""
+    from datetime import UTC, datetime, timedelta
+
+    import dagster as dg
+
+    from cdc_platform.lake.apply import TableApplied
+    from cdc_platform.lake.current import CurrentResult
+    from cdc_platform.lake.tables import lake_table
+    from cdc_platform.orchestration.keys import FRESH_CHECK
+    from cdc_platform.orchestration.reporting import RunlessReporter
+
+    config = load_config(_config(tmp_path, "    apply: {engine: stream}"))
+    table = lake_table(config, config.tables[0])
+    key, now = dg.AssetKey(["shop", "orders"]), [0.0]
+
+    def applied(behind_s: float, offsets_behind: int) -> list[TableApplied]:
+        newest_change = datetime.now(UTC) - timedelta(seconds=behind_s)
+        result = CurrentResult("g1", False, 50, 10, {0: 5}, 123, newest_change, 0.1)
+        eta = offsets_behind / 1000  # the table's rate: 1 000 offsets a second
+        return [TableApplied(table.key, batch="b", current=result, offsets_behind=offsets_behind, catch_up_eta_s=eta)]
+
+    def fresh_checks() -> list[Any]:
+        records = instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(key, FRESH_CHECK), limit=10
+        )
+        return [r.event.asset_check_evaluation for r in records if r.event is not None]
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        report = RunlessReporter(instance, [table], position=str, clock=lambda: now[0])
+        for minute in range(3):  # catching up a backlog, an hour behind
+            now[0] = 60.0 * minute
+            report(applied(3600 - 60 * minute, offsets_behind=50_000))
+        observed = instance.fetch_observations(key, limit=10).records
+        assert len(observed) == 3 and instance.fetch_materializations(key, limit=10).records == []
+        checks = fresh_checks()
+        assert [c.passed for c in checks] == [False, False, False]
+        assert checks[0].metadata["freshness_lag_s"].value >= 3480
+        newest = checks[0].metadata
+        assert (newest["offsets_behind"].value, newest["catch_up_eta_s"].value) == (50_000, 50.0)
+        assert "behind the source (50000 offset(s) not applied)" in str(checks[0].description)
+        assert "cdc-platform apply --source shop" in str(checks[0].description)
+        now[0] = 130.0  # within seconds of the source again: shown at once, not a throttle period later
+        report(applied(8, offsets_behind=40))
+        assert [c.passed for c in fresh_checks()][:2] == [True, False]
+        now[0] = 140.0
+        report(applied(3, offsets_behind=2))  # fresh, and throttled as before
+        assert len(fresh_checks()) == 4 and instance.fetch_materializations(key, limit=10).records == []
+
+
+def test_a_table_that_may_lag_sets_its_own_fresh_threshold(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    import dagster as dg
+
+    from cdc_platform.lake.apply import TableApplied
+    from cdc_platform.lake.current import CurrentResult
+    from cdc_platform.lake.tables import lake_table
+    from cdc_platform.orchestration.keys import FRESH_CHECK
+    from cdc_platform.orchestration.reporting import RunlessReporter
+
+    text = _config(tmp_path, "    apply: {engine: stream}").read_text()
+    verdicts = []
+    for checks in ("", "    checks: {fresh_within_s: 600}\n"):
+        (tmp_path / "cdc_platform.yaml").write_text(text + checks)
+        config = load_config(tmp_path / "cdc_platform.yaml")
+        table = lake_table(config, config.tables[0])
+        five_minutes_ago = datetime.now(UTC) - timedelta(minutes=5)
+        result = CurrentResult("g1", False, 50, 10, {0: 5}, 123, five_minutes_ago, 0.1)
+        with dg.DagsterInstance.ephemeral() as instance:
+            RunlessReporter(instance, [table], position=str)(
+                [TableApplied(table.key, batch="b", current=result, offsets_behind=900)]
+            )
+            [record] = instance.event_log_storage.get_asset_check_execution_history(
+                dg.AssetCheckKey(dg.AssetKey(["shop", "orders"]), FRESH_CHECK), limit=10
+            )
+            assert record.event is not None and record.event.asset_check_evaluation is not None
+            check = record.event.asset_check_evaluation
+            verdicts.append((check.passed, check.metadata["fresh_within_s"].value))
+    assert verdicts == [(False, 60.0), (True, 600.0)]  # five minutes behind: late by default, fresh at 10 minutes
+
+
+def test_a_backlog_is_logged_with_what_is_left_and_when_it_is_done() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from cdc_platform.lake.apply import TableApplied, catch_up_eta_s, describe
+    from cdc_platform.lake.current import CurrentResult
+
+    # 20 000 offsets in the 8 s since the table's previous batch: 2 500/s, so 150 000 left take 60 s
+    assert catch_up_eta_s(150_000, 20_000, 8.0) == 60.0
+    assert catch_up_eta_s(None, 20_000, 8.0) is None and catch_up_eta_s(5, 0, 8.0) is None
+    newest = datetime.now(UTC) - timedelta(minutes=20)
+    result = CurrentResult("g1", False, 20_000, 10, {0: 5}, 123, newest, 3.0)
+    line = describe(TableApplied("s.p.t", current=result, offsets_behind=150_000, catch_up_eta_s=60.0))
+    assert line.endswith("s behind the source; 150000 offsets to apply, about 60 s [0.00 s]"), line
+    caught_up = describe(TableApplied("s.p.t", current=result, offsets_behind=0))
+    assert "offsets to apply" not in caught_up
+
+
+def _lease(holder: str, state: str, at_s: float, host: str = "h1", pid: int = 1) -> Any:
+    from datetime import UTC, datetime, timedelta
+
+    from cdc_platform.model.leases import LeaseEvent, LeaseState
+
+    return LeaseEvent(
+        "apply:shop", holder, host, pid, LeaseState(state), datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=at_s)
+    )
+
+
+def test_a_source_is_applied_by_the_first_live_holder_only() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from cdc_platform.model.leases import live_holders
+
+    now = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=100)
+    this_host = {1: True, 2: False, 3: True}
+
+    def alive(host: str, pid: int) -> bool | None:
+        return this_host[pid] if host == "h1" else None  # another host: only its heartbeat tells
+
+    events = [_lease("a", "held", 10, pid=1), _lease("b", "held", 5, pid=2), _lease("c", "held", 20, pid=3)]
+    # b took it first but its process is gone (SIGKILL): a holds it, c is refused
+    assert [h.holder for h in live_holders(events, now, alive, ttl_s=60)] == ["a", "c"]
+    # a released it: c now holds it
+    assert [h.holder for h in live_holders([*events, _lease("a", "released", 30, pid=1)], now, alive, 60)] == ["c"]
+    # on another host, a holder lives as long as its heartbeats are younger than the TTL
+    remote = [_lease("r", "held", 0, host="h2", pid=9), _lease("r", "held", 50, host="h2", pid=9)]
+    assert [h.holder for h in live_holders(remote, now, alive, ttl_s=60)] == ["r"]
+    assert live_holders(remote, now + timedelta(seconds=11), alive, ttl_s=60) == []
+    assert live_holders(remote, now, alive, ttl_s=60)[0].since == remote[0].at  # the first taker's time
+
+
+def test_a_second_apply_of_a_source_stops_with_the_holder_named(tmp_path: Path) -> None:
+    from cdc_platform.lake.apply import ApplyLease
+
+    ledger = Ledger(str(tmp_path))
+    first = ApplyLease(ledger, ["apply:shop"])
+    first.acquire()
+    second = ApplyLease(ledger, ["apply:shop"])
+    with pytest.raises(FatalError, match=r"source 'shop' is already applied by another process \(pid \d+ on ") as err:
+        second.acquire()
+    assert err.value.reason == "apply_already_running" and not second.held
+    other_source = ApplyLease(ledger, ["apply:crm"])
+    other_source.acquire()  # one lease per source, not per lake
+    first.release()
+    second.acquire()  # released: the next one takes it at once
+    assert second.held
+
+
+def test_the_lease_of_a_killed_apply_on_this_host_is_taken_over_at_once(tmp_path: Path) -> None:
+    from cdc_platform.lake.apply import ApplyLease
+
+    ledger = Ledger(str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    killed = ApplyLease(ledger, ["apply:shop"])
+    killed.pid = dead.pid  # what a SIGKILLed apply leaves behind: held, by a process that is gone
+    killed.acquire()
+    successor = ApplyLease(ledger, ["apply:shop"])
+    successor.acquire()
+    assert successor.held
+
+
+def test_a_running_apply_reports_each_changelog_day_and_seals_it_and_idle_tables_stay_fresh(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    import dagster as dg
+
+    from cdc_platform.lake.apply import TableApplied
+    from cdc_platform.lake.changelog import ChangelogDay, WindowResult
+    from cdc_platform.lake.tables import lake_table
+    from cdc_platform.model.state import CurrentPosition
+    from cdc_platform.model.windows import WindowRange
+    from cdc_platform.orchestration.reporting import RunlessReporter
+
+    config = load_config(_config(tmp_path, "    apply: {engine: stream}"))
+    table = lake_table(config, config.tables[0])
+    changelog = dg.AssetKey(["shop", "orders", "changelog"])
+    now = [0.0]
+    old_change = datetime.now(UTC) - timedelta(hours=3)
+    idle = {table.key: (CurrentPosition("g1", {0: 12}, 99, old_change, 7), 0)}  # caught up long ago
+
+    def batch(number: int, start: int, end: int, day: str = DAY) -> list[TableApplied]:
+        ranges = [WindowRange(0, start, end, "")]
+        result = WindowResult(batch_key(day, number), ranges, False, {"u": end - start, "d": 1}, dead_letters=1)
+        return [TableApplied(table.key, batch=batch_key(day, number), changelog=result)]
+
+    def days() -> list[Any]:
+        records = instance.fetch_materializations(changelog, limit=100).records
+        return [r.asset_materialization for r in records]
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        report = RunlessReporter(instance, [table], position=str, clock=lambda: now[0], positions=lambda: idle)
+        report(batch(1, 0, 5))  # a day's first batch creates its partition and is shown at once
+        now[0] = 10.0
+        report(batch(2, 5, 9))
+        assert len(days()) == 1 and instance.get_dynamic_partitions("shop_orders_changelog_days") == ["2026-11-25"]
+        now[0] = 60.0
+        report(batch(3, 9, 12))
+        newest = days()[0]
+        assert newest is not None and newest.partition == "2026-11-25"
+        assert newest.metadata["batches"].value == 3 and newest.metadata["offset_ranges"].value == {"0": [0, 12]}
+        assert newest.metadata["events_u"].value == 12 and newest.metadata["dead_letters"].value == 3
+        assert newest.metadata["sealed"].value is False
+        # the next UTC day: the apply sealed this one (whole day, checked contiguous) and is filling the next
+        sealed = ChangelogDay(table.key, DAY, 3, {0: (0, 12)}, {"u": 12, "d": 3}, 3, sealed=True)
+        now[0] = 61.0
+        report([TableApplied(table.key, sealed=sealed), *batch(4, 12, 13, day="2026-11-26T00:00:00Z")])
+        sealed_event, next_day = days()[1], days()[0]
+        assert sealed_event is not None and sealed_event.metadata["sealed"].value is True
+        assert sealed_event.metadata["contiguous"].value is True and sealed_event.partition == "2026-11-25"
+        assert next_day is not None and next_day.partition == "2026-11-26"
+        # the sealed day's check, on its partition (a day still filling has none yet)
+        assert _day_checks(instance, changelog) == [("2026-11-25", True, None)]
+        doubled = replace(sealed, day="2026-11-26T00:00:00Z", records_twice=2)
+        report([TableApplied(table.key, sealed=doubled)])
+        failed = _day_checks(instance, changelog)[0]
+        assert failed[:2] == ("2026-11-26", False) and "2 record(s) twice" in str(failed[2])
+        assert "dropDuplicates on kafka_partition, kafka_offset" in str(failed[2])
+        # a table with nothing to apply is reported every two minutes, caught up: not stale
+        now[0] = 400.0
+        report([])
+        current = instance.fetch_observations(dg.AssetKey(["shop", "orders"]), limit=10).records
+        assert len(current) == 1
+        metadata = current[0].asset_observation.metadata  # type: ignore[union-attr]
+        assert metadata["offsets_behind"].value == 0 and metadata["freshness_lag_s"].value == 0.0
+        assert metadata["rows"].value == 7
+        now[0] = 500.0
+        report([])
+        assert len(instance.fetch_observations(dg.AssetKey(["shop", "orders"]), limit=10).records) == 1
+
+
+def test_an_hourly_changelog_is_planned_reported_and_checked_by_the_hour(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    import dagster as dg
+
+    from cdc_platform.lake.apply import TableApplied, stream_partition_now
+    from cdc_platform.lake.changelog import WindowResult
+    from cdc_platform.lake.tables import lake_table
+    from cdc_platform.model.windows import WindowRange
+    from cdc_platform.orchestration.partitions import changelog_days_partitions, day_partition_key, day_window_key
+    from cdc_platform.orchestration.reporting import RunlessReporter
+
+    text = _config(tmp_path, "    apply: {engine: stream}").read_text()
+    (tmp_path / "cdc_platform.yaml").write_text(text + "    changelog: {partition: hour}\n")
+    config = load_config(tmp_path / "cdc_platform.yaml")
+    table = lake_table(config, config.tables[0])
+    now = datetime.now(UTC)
+    assert stream_partition_now(table) == now.strftime("%Y-%m-%dT%H:00:00Z")  # batches planned now write here
+    hour = "2026-11-25T13:00:00Z"
+    assert day_partition_key(table.config, hour) == "2026-11-25-13:00"
+    assert day_window_key("2026-11-25-13:00") == hour and day_window_key("2026-11-25") == DAY
+    assert changelog_days_partitions(table.config).name == "shop_orders_changelog_hours"
+
+    result = WindowResult(batch_key(hour, 1), [WindowRange(0, 0, 5, "")], False, {"u": 5})
+    with dg.DagsterInstance.ephemeral() as instance:
+        RunlessReporter(instance, [table], position=str)(
+            [TableApplied(table.key, batch=batch_key(hour, 1), changelog=result)]
+        )
+        assert instance.get_dynamic_partitions("shop_orders_changelog_hours") == ["2026-11-25-13:00"]
+        [record] = instance.fetch_materializations(dg.AssetKey(["shop", "orders", "changelog"]), limit=10).records
+        assert record.asset_materialization is not None and record.asset_materialization.partition == "2026-11-25-13:00"
+
+    windows = text.replace("    apply: {engine: stream}\n", "")
+    (tmp_path / "cdc_platform.yaml").write_text(windows + "    changelog: {partition: hour}\n")
+    with pytest.raises(ConfigError, match=r"changelog\.partition: .*applied by changelog-window runs.*engine: stream"):
+        load_config(tmp_path / "cdc_platform.yaml")
+
+
+def _day_checks(instance: Any, changelog: Any) -> list[tuple[str | None, bool, str | None]]:
+    """The changelog's day check evaluations, newest first: (partition, passed, description)."""
+    import dagster as dg
+
+    records = instance.event_log_storage.get_asset_check_execution_history(
+        dg.AssetCheckKey(changelog, DAY_CHECK), limit=10
+    )
+    evaluations = [r.event.asset_check_evaluation for r in records if r.event is not None]
+    return [(e.partition, e.passed, e.description) for e in evaluations if e is not None]
+
+
+def test_one_apply_takes_the_named_streamed_sources_or_all_of_them(tmp_path: Path) -> None:
+    from cdc_platform.cli.apply import streamed_sources
+    from cdc_platform.cli.main import CliError
+
+    path = tmp_path / "cdc_platform.yaml"
+    path.write_text(
+        """
+sources:
+  shop: {database: shop, user: u, password_env: PW, apply: {engine: stream}}
+  bench: {database: bench, user: u, password_env: PW, apply: {engine: stream}}
+  old: {database: old, user: u, password_env: PW}
+kafka: {bootstrap_servers: "127.0.0.1:9092"}
+lake: {root: lake}
+tables: [{name: shop.public.a}, {name: bench.public.b}, {name: old.public.c}]
+"""
+    )
+    config = load_config(path)
+    assert streamed_sources(config, ["shop", "bench"], False) == ["shop", "bench"]
+    assert streamed_sources(config, None, True) == ["shop", "bench"]  # --all: the streamed ones
+    with pytest.raises(CliError, match=r"'old' is applied by changelog-window runs.*sources\.old\.apply\.engine"):
+        streamed_sources(config, ["old"], False)
+    with pytest.raises(CliError, match=r"no source 'nope'"):
+        streamed_sources(config, ["nope"], False)
+    with pytest.raises(CliError, match=r"--source \(or use --all\)"):
+        streamed_sources(config, None, False)
+
+
+GROUPED = """
+sources:
+  shop: {database: shop, user: u, password_env: PW, apply: {engine: stream}}
+  crm: {database: crm, user: u, password_env: PW, apply: {engine: stream}}
+kafka: {bootstrap_servers: "127.0.0.1:9092"}
+lake: {root: lake}
+tables:
+  - {name: shop.public.orders, apply_group: big}
+  - {name: shop.public.order_items, apply_group: big}
+  - {name: shop.public.customers}
+  - {name: crm.crm.accounts}
+"""
+
+
+def test_an_apply_group_is_applied_by_one_process_and_a_whole_source_apply_excludes_its_groups(
+    tmp_path: Path,
+) -> None:
+    from cdc_platform.cli.apply import grouped_tables
+    from cdc_platform.cli.main import CliError
+    from cdc_platform.lake.apply import ApplyLease
+    from cdc_platform.lake.tables import lake_table
+
+    path = tmp_path / "cdc_platform.yaml"
+    path.write_text(GROUPED)
+    config = load_config(path)
+
+    def lease(sources: list[str], groups: list[str] | None) -> ApplyLease:
+        tables = [lake_table(config, t) for t in grouped_tables(config, sources, groups)]
+        return ApplyLease(Ledger(str(tmp_path)), [t.apply_scope for t in tables])
+
+    assert [t.key for t in grouped_tables(config, ["shop"], ["big"])] == [
+        "shop.public.orders",
+        "shop.public.order_items",
+    ]
+    assert [t.key for t in grouped_tables(config, ["shop"], ["default"])] == ["shop.public.customers"]
+    assert len(grouped_tables(config, ["shop"], None)) == 3  # no --group: every group of the source
+    with pytest.raises(CliError, match=r"no table of shop is in apply group huge \(its groups: big, default\)"):
+        grouped_tables(config, ["shop"], ["huge"])
+
+    big, rest, crm = lease(["shop"], ["big"]), lease(["shop"], ["default"]), lease(["crm"], None)
+    for holder in (big, rest, crm):
+        holder.acquire()  # groups of one source side by side, and another source
+    whole = lease(["shop"], None)
+    with pytest.raises(FatalError, match=r"source 'shop' is already applied") as err:
+        whole.acquire()  # the whole source would apply the default group's tables a second time
+    assert err.value.reason == "apply_already_running" and not whole.held
+    rest.release()
+    with pytest.raises(FatalError, match=r"source 'shop' \(apply group 'big'\) is already applied"):
+        whole.acquire()  # and the big group's
+    rest = lease(["shop"], ["default"])
+    rest.acquire()  # all or nothing: the refused whole-source apply kept no group it had taken first
+    rest.release()
+    big.release()
+    whole.acquire()
+    assert whole.held
+    with pytest.raises(FatalError, match=r"apply group 'big'"):
+        lease(["shop"], ["big"]).acquire()
+
+
+def test_an_apply_group_needs_the_stream_engine(tmp_path: Path) -> None:
+    path = tmp_path / "cdc_platform.yaml"
+    path.write_text(
+        GROUPED.replace(
+            "crm: {database: crm, user: u, password_env: PW, apply: {engine: stream}}",
+            "crm: {database: crm, user: u, password_env: PW}",
+        ).replace("{name: crm.crm.accounts}", "{name: crm.crm.accounts, apply_group: nightly}")
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"apply group 'nightly', but source 'crm' is applied by changelog-window runs.*engine: stream",
+    ):
+        load_config(path)
+    path.write_text(GROUPED.replace("apply_group: big}", "apply_group: Big}", 1))
+    with pytest.raises(ConfigError, match=r"apply_group"):
+        load_config(path)
+
+
+def test_a_scheduled_source_gets_an_apply_job_whose_schedule_never_overlaps_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dagster as dg
+
+    from cdc_platform.orchestration.definitions import build_definitions
+
+    monkeypatch.delenv("CDC_SPARK_JARS_DIR", raising=False)
+    path = _config(tmp_path, '    apply: {engine: stream, schedule: "*/5 * * * *"}')
+    defs = build_definitions(path)
+    job = defs.resolve_job_def("shop__apply_job")
+    schedule = defs.resolve_schedule_def("shop__apply_job_schedule")
+    assert schedule.cron_schedule == "*/5 * * * *" and schedule.job_name == job.name
+    with dg.instance_for_test() as instance:  # a schedule's context needs a persistent instance
+        assert isinstance(schedule(dg.build_schedule_context(instance=instance)), dg.RunRequest)
+        instance.add_run(dg.DagsterRun(job_name=job.name, run_id="r1", status=dg.DagsterRunStatus.STARTED))
+        skipped = schedule(dg.build_schedule_context(instance=instance))
+        assert isinstance(skipped, dg.SkipReason) and "r1" in (skipped.skip_message or "")
+    # without a schedule the job is there to launch by hand; a windows source has none
+    assert build_definitions(_config(tmp_path, "    apply: {engine: stream}")).resolve_job_def("shop__apply_job")
+    with pytest.raises(dg.DagsterInvariantViolationError):
+        build_definitions(_config(tmp_path, "")).resolve_job_def("shop__apply_job")
+    with pytest.raises(ConfigError, match=r"sources\.shop\.apply\.schedule"):
+        load_config(_config(tmp_path, '    apply: {engine: stream, schedule: "every five minutes"}'))
+
+
+def test_the_deleted_keys_guard_is_skipped_only_when_every_event_is_newer_than_what_current_applied() -> None:
+    """A remembered delete is at or before current's applied position, so a batch whose
+    oldest event is after it holds no stale duplicate; anything else is checked."""
+    from cdc_platform.lake.current import BatchSummary
+
+    assert BatchSummary(10, max_commit=900, min_commit=501).newer_than(500)
+    assert not BatchSummary(10, max_commit=900, min_commit=500).newer_than(500)  # the same commit: checked
+    assert not BatchSummary(10, max_commit=900, min_commit=120).newer_than(500)  # a re-delivered event
+    assert not BatchSummary(10, max_commit=900, min_commit=None).newer_than(500)
+    assert not BatchSummary(10, max_commit=900, min_commit=501).newer_than(None)  # no position known
