@@ -1,5 +1,0 @@
-import sys
-
-from cdc_platform.cli.main import main
-
-sys.exit(main())
