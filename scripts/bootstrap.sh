@@ -96,7 +96,7 @@ if ((!PYTHON_ONLY)); then
   resolve_all_jars &
   jars_pid=$!
   # a failed pip install must not leave mvn running behind the bootstrap's exit
-  trap '[[ -n "$jars_pid" ]] && kill "$jars_pid" 2>/dev/null' EXIT
+  trap '[[ -n "$jars_pid" ]] && { pkill -P "$jars_pid"; kill "$jars_pid"; } 2>/dev/null' EXIT
 fi
 
 # --- Python venv --------------------------------------------------------------
