@@ -66,6 +66,11 @@ def queued_runs() -> tuple[int, int] | None:
     try:
         import dagster as dg
 
+        from cdc_platform.devtools.stack import PROFILES
+        from cdc_platform.devtools.stack.stack import load_stack_env
+
+        load_stack_env(PROFILES["dev"])  # the password of the instance's storage (dagster.yaml)
+
         instance = dg.DagsterInstance.get()
         queued = instance.get_runs_count(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED]))
         running = instance.get_runs_count(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))

@@ -89,6 +89,22 @@ def _files_holding(roots: list[Path], secrets: list[bytes], skip: set[Path]) -> 
 
 
 @pytest.fixture(scope="session", autouse=True)
+def dagster_home_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The suite never writes into the demo's Dagster instance (the Makefile exports
+    ``DAGSTER_HOME`` = the repo, whose dagster.yaml stores in the dev stack's PostgreSQL):
+    whatever a test starts that reports to ``$DAGSTER_HOME`` (``cdc-platform apply``, runs
+    it launches) gets an instance of this session. Tests that read an instance set their own."""
+    home = tmp_path_factory.mktemp("dagster_home")
+    previous = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = str(home)
+    yield home
+    if previous is None:
+        os.environ.pop("DAGSTER_HOME", None)
+    else:
+        os.environ["DAGSTER_HOME"] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
 def no_secret_in_anything_the_suite_wrote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """After every test: the stack's passwords appear in no file the suite produced —
     Dagster instances (runs, events, compute logs), lakes, ledgers, configs, service and

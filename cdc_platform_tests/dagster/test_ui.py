@@ -41,6 +41,7 @@ def ui(demo_db: Any, spark: Any, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
     env = {**os.environ, "DAGSTER_HOME": str(home), "CDC_PLATFORM_CONFIG": str(config_path)}
+    session_home = os.environ.get("DAGSTER_HOME")  # conftest's instance of the session
     os.environ["DAGSTER_HOME"] = str(home)
     try:
         instance = dg.DagsterInstance.get()
@@ -48,7 +49,10 @@ def ui(demo_db: Any, spark: Any, tmp_path: Path) -> Iterator[tuple[str, Path]]:
         assert run.success
         assert all(ok for _, ok, _ in apply_current(config_path, config.tables, instance))
     finally:
-        os.environ.pop("DAGSTER_HOME", None)
+        if session_home is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = session_home
     port = _free_port()
     webserver = Path(sys.executable).parent / "dagster-webserver"
     server = subprocess.Popen(

@@ -27,8 +27,16 @@ ADMIN_USER = "cdc_admin"
 CAPTURE_ROLE = "cdc_capture"
 # The demo application's role: owns the demo schema and runs the workload.
 APP_ROLE = "shop_app"
+# Dagster's own storage (runs, event log, schedules) for the demo's instance (dagster.yaml):
+# PostgreSQL, as in production, not SQLite. The webserver holds pooled connections where
+# SQLite's storage builds an engine per query (-40 % of the UI's CPU, docs/benchmarks.md).
+DAGSTER_ROLE = "dagster"
 DATABASES = ("shop", "bench")
-PASSWORD_ENVS = {CAPTURE_ROLE: "CDC_PG_PASSWORD", APP_ROLE: "SHOP_APP_PASSWORD"}
+PASSWORD_ENVS = {
+    CAPTURE_ROLE: "CDC_PG_PASSWORD",
+    APP_ROLE: "SHOP_APP_PASSWORD",
+    DAGSTER_ROLE: "CDC_DAGSTER_PG_PASSWORD",
+}
 
 
 class PostgresError(RuntimeError):
@@ -240,7 +248,7 @@ class LocalPostgres:
     def _provision(self, passwords: dict[str, str]) -> None:
         """Roles and databases, idempotently; passwords re-applied from the env file."""
         with self.admin_connect("postgres") as conn:
-            for role, attrs in ((CAPTURE_ROLE, "LOGIN REPLICATION"), (APP_ROLE, "LOGIN")):
+            for role, attrs in ((CAPTURE_ROLE, "LOGIN REPLICATION"), (APP_ROLE, "LOGIN"), (DAGSTER_ROLE, "LOGIN")):
                 exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
                 verb = "ALTER" if exists else "CREATE"
                 conn.execute(
@@ -256,6 +264,12 @@ class LocalPostgres:
                 conn.execute(
                     sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
                         sql.Identifier(db), sql.Identifier(CAPTURE_ROLE)
+                    )
+                )
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DAGSTER_ROLE,)).fetchone():
+                conn.execute(
+                    sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                        sql.Identifier(DAGSTER_ROLE), sql.Identifier(DAGSTER_ROLE)
                     )
                 )
 
