@@ -449,3 +449,22 @@ def test_a_local_driver_rebuilds_delta_state_in_one_task_unless_the_user_chose()
         assert session_conf(SparkConfig(master=master))[key] == "1"
     assert session_conf(SparkConfig(master="spark://h:7077"))[key] == "4"
     assert session_conf(SparkConfig(master="local[2]", conf={key: "8"}))[key] == "8"
+
+
+def test_the_demo_instance_reads_its_storage_password_from_the_stack_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dagster.yaml: Dagster's storage in the dev stack's PostgreSQL, as the role the stack
+    provisions, its password by the name the stack's env file gives it (never in the file)."""
+    import yaml
+    from dagster._core.instance.config import dagster_instance_config
+
+    from cdc_platform.devtools.stack import PROFILES
+    from cdc_platform.devtools.stack.postgres import DAGSTER_ROLE, PASSWORD_ENVS
+
+    db = yaml.safe_load((REPO_ROOT / "dagster.yaml").read_text())["storage"]["postgres"]["postgres_db"]
+    assert db["password"] == {"env": PASSWORD_ENVS[DAGSTER_ROLE]}
+    assert (db["hostname"], db["port"], db["username"], db["db_name"]) == (
+        "127.0.0.1", PROFILES["dev"].pg_port, DAGSTER_ROLE, DAGSTER_ROLE,
+    )  # fmt: skip
+    monkeypatch.setenv(PASSWORD_ENVS[DAGSTER_ROLE], "x")
+    config, _ = dagster_instance_config(str(REPO_ROOT))  # Dagster's own schema accepts it
+    assert "postgres" in config["storage"]
