@@ -28,8 +28,10 @@ CAPTURE_ROLE = "cdc_capture"
 # The demo application's role: owns the demo schema and runs the workload.
 APP_ROLE = "shop_app"
 # Dagster's own storage (runs, event log, schedules) for the demo's instance (dagster.yaml):
-# PostgreSQL, as in production, not SQLite. The webserver holds pooled connections where
-# SQLite's storage builds an engine per query (-40 % of the UI's CPU, docs/benchmarks.md).
+# PostgreSQL, as in production, not SQLite: several processes write at once (daemon, runs,
+# the apply's reports, the webserver), and the webserver holds pooled connections where
+# SQLite's storage builds an engine per query (its CPU for the same pages -39 %, though the
+# busy demo's page times did not change beyond noise: docs/benchmarks.md, "UI load").
 DAGSTER_ROLE = "dagster"
 DATABASES = ("shop", "bench")
 PASSWORD_ENVS = {
