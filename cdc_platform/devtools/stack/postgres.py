@@ -259,27 +259,25 @@ class LocalPostgres:
                     )
                 )
             for db in DATABASES:
-                if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,)).fetchone():
-                    conn.execute(
-                        sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(db), sql.Identifier(APP_ROLE))
-                    )
+                _create_database(conn, db, APP_ROLE)
                 conn.execute(
                     sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
                         sql.Identifier(db), sql.Identifier(CAPTURE_ROLE)
                     )
                 )
-            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DAGSTER_ROLE,)).fetchone():
-                conn.execute(
-                    sql.SQL("CREATE DATABASE {} OWNER {}").format(
-                        sql.Identifier(DAGSTER_ROLE), sql.Identifier(DAGSTER_ROLE)
-                    )
-                )
+            _create_database(conn, DAGSTER_ROLE, DAGSTER_ROLE)
 
     def info(self) -> dict[str, str]:
         with self.admin_connect("postgres") as conn:
             row = conn.execute("SELECT current_setting('server_version'), current_setting('wal_level')").fetchone()
         assert row is not None
         return {"version": str(row[0]), "wal_level": str(row[1])}
+
+
+def _create_database(conn: psycopg.Connection[tuple[object, ...]], name: str, owner: str) -> None:
+    """``name``, owned by ``owner``, unless it exists."""
+    if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+        conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(owner)))
 
 
 def pgbench_path() -> str:
