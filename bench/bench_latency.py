@@ -32,6 +32,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import bench_demo_lag
 import bench_lake
 from confluent_kafka import TopicPartition
 
@@ -73,6 +74,8 @@ class LatencyRun:
         self.stop_writing = threading.Event()
         self.stop_all = threading.Event()
         self.batches: list[tuple[str, float]] = []  # (table, seconds) of every micro-batch
+        # the probe's batches as the apply's log line gives them: what bench_demo_lag estimates from
+        self.logged: list[bench_demo_lag.Batch] = []
 
     def writer(self) -> None:
         version = 0
@@ -137,6 +140,7 @@ class LatencyRun:
                 self.stop_writing.set()
             if any(a.table == self.table.key and a.batch for a in applied):
                 self.record_visible(time.time())
+                self.logged += [logged_batch(a) for a in applied if a.table == self.table.key and a.batch]
             self.batches.extend((a.table, a.duration_s) for a in applied if a.batch)
             done = self.committed and len(self.visible) == len(self.committed)
             if self.stop_writing.is_set() and (done or time.time() > writing_until + 600):
@@ -179,12 +183,28 @@ class LatencyRun:
             p50, p95 = percentile(settled, 0.5), percentile(settled, 0.95)
             print(f"  after the first {SETTLE_S:.0f} s          p50 {p50:7.2f} s   p95 {p95:7.2f} s   "
                   f"({len(settled)} commits; warm JVM and caches)")  # fmt: skip
+        if self.logged:  # is the demo's log-based figure (bench_demo_lag) the truth above?
+            waits = [w for b in self.logged for w in b.waits()]
+            p50, p95 = (bench_demo_lag.weighted_percentile(waits, q) for q in (0.5, 0.95))
+            print(f"  estimated from the log     p50 {p50:7.2f} s   p95 {p95:7.2f} s   "
+                  f"(bench_demo_lag's estimate from the probe's {len(self.logged)} batch lines)")  # fmt: skip
         if self.batches:
             seconds = [d for _, d in self.batches]
             probe = [d for t, d in self.batches if t == self.table.key]
             print(f"  micro-batches: {len(self.batches)} over {len(self.config.tables)} tables (one apply), "
                   f"each p50 {percentile(seconds, 0.5):.2f} s, p95 {percentile(seconds, 0.95):.2f} s; "
                   f"probe table's p50 {percentile(probe or [float('nan')], 0.5):.2f} s")  # fmt: skip
+
+
+def logged_batch(applied: TableApplied) -> bench_demo_lag.Batch:
+    """The figures the apply's log line gives for a batch (``describe``), read now as it does."""
+    now = datetime.now(UTC)
+    newest = applied.current.last_source_ts if applied.current else None
+    oldest = applied.oldest_change_ts
+    behind = (now - newest).total_seconds() if newest else 0.0
+    waited = (now - oldest).total_seconds() if oldest else behind
+    changes = applied.current.changes_applied if applied.current else 0
+    return bench_demo_lag.Batch(now, applied.table, changes, behind, waited)
 
 
 def with_demo_tables(config: PlatformConfig, tag: str) -> PlatformConfig:

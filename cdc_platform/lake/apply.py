@@ -115,6 +115,19 @@ class TableApplied:
     offsets_behind: int | None = None  # Kafka offsets not applied yet, as the pass read the topic (0: caught up)
     catch_up_eta_s: float | None = None  # offsets_behind at the table's rate since its previous batch
     duration_s: float = 0.0
+    # the commit time of the batch's oldest change, only when this batch brought every one of
+    # its changes to current: merged from the decoded batch, none older than what current held.
+    # Not after a rebuild (the batch's changes below the watermark came with the snapshot) nor
+    # with a redelivered duplicate (its commit is old, but current had it already): their
+    # commit times say nothing about how long a change waited.
+    oldest_change_ts: datetime | None = None
+
+    def oldest_wait_s(self, now: datetime) -> float | None:
+        """Commit -> current of the batch's oldest change, its longest wait: what current lagged
+        the source by just before the batch committed ("behind the source" is its newest
+        change's wait, the least). None without such a batch (``oldest_change_ts``)."""
+        oldest = self.oldest_change_ts
+        return (now - oldest).total_seconds() if oldest is not None and self.current is not None else None
 
 
 @dataclass
@@ -426,8 +439,12 @@ class StreamApply:
             state.recorded = walk(before, batch.ranges).frontier
             state.pending, state.last_batch = None, batch
             crash_point("apply.recorded")
+            straight = self._merges_decoded(state, before, batch.ranges)
+            held = state.position.applied_position if state.position is not None else None
             merged = self._merge(table, committed, state, decoded, before, batch.ranges)
             applied.current = merged if applied.current is None else _after_catch_up(applied.current, merged)
+            if straight and applied.current is not None and not applied.current.rebuilt:
+                applied.oldest_change_ts = decoded.summary.min_ts if decoded.summary.newer_than(held) else None
         finally:
             decoded.release()
         state.offsets_behind = applied.offsets_behind = behind(state.recorded, {p: h for p, (_, h) in marks.items()})
@@ -444,9 +461,9 @@ class StreamApply:
     ) -> CurrentResult:  # fmt: skip
         """The batch into current: straight from the decoded rows when current stood at its
         start and the batch continues it, else by catching up from the changelog."""
-        continues = state.position is not None and not walk(state.position.frontier, batch_ranges).holes
-        if state.position is None or not continues or not self._current_at(state, batch_start):
+        if not self._merges_decoded(state, batch_start, batch_ranges):
             return self._catch_up(table, state)
+        assert state.position is not None  # _merges_decoded
         result = apply_decoded(
             self.spark, self.ledger, table, committed, state.position, decoded.changes(), decoded.summary,
             state.recorded,
@@ -455,6 +472,14 @@ class StreamApply:
             result.generation, dict(result.frontier), result.applied_position, result.last_source_ts, result.rows
         )
         return result
+
+    def _merges_decoded(
+        self, state: TableState, batch_start: dict[int, int], batch_ranges: tuple[OffsetRange, ...]
+    ) -> bool:
+        """Current stands at the batch's start and the batch continues it: its decoded rows
+        are merged straight into current."""
+        continues = state.position is not None and not walk(state.position.frontier, batch_ranges).holes
+        return state.position is not None and continues and self._current_at(state, batch_start)
 
     def _catch_up(self, table: LakeTable, state: TableState) -> CurrentResult:
         """``apply_current``: rebuilds current from a new generation (or a lost table) and
@@ -582,11 +607,16 @@ def describe(applied: TableApplied) -> str:
         )
     if applied.current is not None:
         current = applied.current
-        lag = (datetime.now(UTC) - current.last_source_ts).total_seconds() if current.last_source_ts else None
+        now = datetime.now(UTC)
+        lag = (now - current.last_source_ts).total_seconds() if current.last_source_ts else None
+        waited = applied.oldest_wait_s(now)
         parts.append(
             f"current: {current.changes_applied} change(s) applied, {current.rows} rows"
             + (f", rebuilt from {current.generation}" if current.rebuilt else "")
             + (f", {lag:.1f} s behind the source" if lag is not None else "")
+            # "behind" is the newest change's wait, the least of the batch's: the oldest
+            # change waited for the batch before this one too (commit -> current, longest)
+            + (f", oldest change {waited:.1f} s after its commit" if waited is not None else "")
         )
     if applied.offsets_behind:  # a backlog (a restart after a pause): how much is left, and when it is done
         eta = applied.catch_up_eta_s

@@ -267,6 +267,7 @@ def _decoded(frame: DataFrame) -> DecodedBatch:
             F.min("commit_lsn").alias("lo"),
             F.max("commit_lsn").alias("hi"),
             F.max("source_ts").alias("ts"),
+            F.min("source_ts").alias("ts_lo"),
             F.max(F.when(F.col("op") == "t", F.struct("commit_lsn", "lsn"))).alias("t"),
             F.array_distinct(F.flatten(F.collect_list("unknown_columns"))).alias("unknown"),
         )
@@ -279,12 +280,14 @@ def _decoded(frame: DataFrame) -> DecodedBatch:
     lows = [r["lo"] for r in ops if r["lo"] is not None]
     highs = [r["hi"] for r in ops if r["hi"] is not None]
     times = [r["ts"] for r in ops if r["ts"] is not None]
+    first_times = [r["ts_lo"] for r in ops if r["ts_lo"] is not None]
     truncate = next(((int(r["t"]["commit_lsn"]), int(r["t"]["lsn"])) for r in ops if r["t"] is not None), None)
     summary = BatchSummary(
         changes=sum(int(r["n"]) for r in ops),
         max_commit=max(highs) if highs else None,
         min_commit=min(lows) if lows else None,
         max_ts=max(times).astimezone(UTC) if times else None,  # Spark hands back naive local time
+        min_ts=min(first_times).astimezone(UTC) if first_times else None,
         truncate=truncate,
         deletes=events.get("d", 0),
     )

@@ -102,6 +102,7 @@ class BatchSummary:
     max_ts: datetime | None = None
     truncate: tuple[int, int] | None = None  # the newest truncate's (commit LSN, LSN)
     deletes: int = 0  # 'd' events: only then are deleted keys remembered
+    min_ts: datetime | None = None  # the oldest event's commit time: its wait is the batch's longest
 
     def newer_than(self, applied_position: int | None) -> bool:
         """Every event committed after ``applied_position`` (the newest position current

@@ -17,6 +17,7 @@ reported as such, and pass while the table's reconciliation generation is not ov
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -76,13 +77,27 @@ def verify_tables(
     """``verify_table`` for each table, ``parallel`` at a time, within one timeout; the
     verdicts in the tables' order. Side by side, one table's wait for capture and its
     source read overlap another's Spark comparison (one Spark session runs both)."""
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
+    done = itertools.count(1)  # next() is atomic under the GIL: each finished table gets its own number
 
     def one(table: LakeTable) -> Verdict:
-        return verify_table(contexts(table), table, max(0.0, deadline - time.monotonic()), rounds)
+        ctx = contexts(table)
+        verdict = verify_table(ctx, table, max(0.0, deadline - time.monotonic()), rounds)
+        ctx.log(progress_line(verdict, next(done), len(tables), time.monotonic() - started, timeout_s))
+        return verdict
 
     with ThreadPoolExecutor(max(1, min(parallel, len(tables))), "verify") as pool:
         return list(pool.map(one, tables))
+
+
+def progress_line(verdict: Verdict, done: int, total: int, elapsed_s: float, timeout_s: float) -> str:
+    """What a user watching a long verify sees as each table finishes: its result and time,
+    how many tables are done, and how much of the one timeout is spent."""
+    return (
+        f"{verdict.table}: {_result(verdict)} after {verdict.waited_s:.0f} s; {done}/{total} tables done, "
+        f"{elapsed_s:.0f} s of the {timeout_s:.0f} s timeout spent"
+    )
 
 
 def verify_table(ctx: VerifyContext, table: LakeTable, timeout_s: float = 600.0, rounds: int = 3) -> Verdict:
@@ -146,10 +161,10 @@ def _wait_for_current(ctx: VerifyContext, table: LakeTable, deadline: float) -> 
 
 
 def format_verdicts(verdicts: list[Verdict]) -> str:
-    header = ("table", "source rows", "current rows", "mismatches", "missing", "extra", "result")
+    header = ("table", "source rows", "current rows", "mismatches", "missing", "extra", "seconds", "result")
     rows = [
         (v.table, str(v.source_rows), str(v.current_rows), str(v.mismatches), str(v.missing), str(v.extra),
-         _result(v))
+         f"{v.waited_s:.0f}", _result(v))
         for v in verdicts
     ]  # fmt: skip
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]

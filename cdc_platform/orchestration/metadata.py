@@ -150,20 +150,27 @@ def current_metadata(
     return metadata
 
 
-def is_fresh(result: CurrentResult, offsets_behind: int | None, within_s: float) -> bool:
+def is_fresh(result: CurrentResult, offsets_behind: int | None, within_s: float, waited_s: float | None = None) -> bool:
     """Current within ``within_s`` (``tables[].checks.fresh_within_s``) of the source, caught
-    up, or its lag unknown."""
+    up, or its lag unknown; and no change applied since the last report waited longer than
+    that from its commit to current (``waited_s``, the longest). Current lags the source most
+    just before a batch commits, by that batch's oldest change's wait: a lag read at a
+    batch's end (its newest change's wait) alone passed a table whose changes each waited
+    minutes for their batch."""
     lag = freshness_lag_s(result, offsets_behind)
-    return lag is None or lag <= within_s
+    return (lag is None or lag <= within_s) and (waited_s is None or waited_s <= within_s)
 
 
 def fresh_check_metadata(
-    result: CurrentResult, offsets_behind: int | None, within_s: float, eta_s: float | None = None
-) -> Metadata:
+    result: CurrentResult, offsets_behind: int | None, within_s: float, eta_s: float | None = None,
+    waited_s: float | None = None,
+) -> Metadata:  # fmt: skip
     lag = freshness_lag_s(result, offsets_behind)
     metadata: Metadata = {"fresh_within_s": dg.MetadataValue.float(within_s)}
     if lag is not None:
         metadata["freshness_lag_s"] = dg.MetadataValue.float(round(lag, 1))
+    if waited_s is not None:
+        metadata["longest_wait_s"] = dg.MetadataValue.float(round(waited_s, 1))
     if offsets_behind is not None:
         metadata["offsets_behind"] = dg.MetadataValue.int(offsets_behind)
     return {**metadata, **catch_up_metadata(offsets_behind, eta_s)}
@@ -175,16 +182,24 @@ def catch_up_metadata(offsets_behind: int | None, eta_s: float | None) -> Metada
 
 
 def fresh_check_description(
-    result: CurrentResult, offsets_behind: int | None, within_s: float, source: str
+    result: CurrentResult, offsets_behind: int | None, within_s: float, source: str, waited_s: float | None = None
 ) -> str | None:
     lag = freshness_lag_s(result, offsets_behind)
-    if lag is None or lag <= within_s:
-        return None
-    return (
-        f"current is {lag:.0f} s behind the source ({offsets_behind} offset(s) not applied), more than "
-        f"{within_s:.0f} s (tables[].checks.fresh_within_s): the stream apply is behind (a backlog; its log and "
-        f"catch_up_eta_s say when it is done) or not running (cdc-platform apply --source {source})"
-    )
+    if lag is not None and lag > within_s:
+        return (
+            f"current is {lag:.0f} s behind the source ({offsets_behind} offset(s) not applied), more than "
+            f"{within_s:.0f} s (tables[].checks.fresh_within_s): the stream apply is behind (a backlog; its log "
+            f"and catch_up_eta_s say when it is done) or not running (cdc-platform apply --source {source})"
+        )
+    if waited_s is not None and waited_s > within_s:
+        return (
+            f"a change reached current {waited_s:.0f} s after its commit, more than {within_s:.0f} s "
+            "(tables[].checks.fresh_within_s): current lagged the source that long before its batch committed. "
+            "The apply's log gives each batch's 'oldest change … after its commit': batches slower than that "
+            "(a busy machine, too many tables for the apply's parallelism) or a paused apply catching up; "
+            "raise fresh_within_s if such a lag is acceptable for this table"
+        )
+    return None
 
 
 def freshness_lag_s(result: CurrentResult, offsets_behind: int | None) -> float | None:

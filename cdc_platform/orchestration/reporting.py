@@ -6,7 +6,9 @@ every table's state without a run per micro-batch and without an event log that 
   backlog, when it is expected to be applied; at most once a minute per table while it
   applies, at once after a rebuild, and every two minutes for a table that had nothing to
   apply. With each, current's ``fresh`` check: within ``checks.fresh_within_s`` of the source, or
-  caught up; a table back within reach after a report that was behind is reported at once.
+  caught up, and no change applied since the last report waited longer than that from its
+  commit to current (the batches' oldest changes); a table back within reach after a report
+  that was behind is reported at once.
   Observations, not materializations: Dagster counts a check's result only for the
   materialization it followed, so materializations every minute hid every check result
   of the 10-minute runs (the asset showed "0 / 4 Passed", a failure vanished within a
@@ -24,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import dagster as dg
 
@@ -92,6 +95,7 @@ class RunlessReporter:
         self.behind: set[str] = set()  # tables whose last report was further behind than their fresh_within_s
         self.last_day: dict[str, float] = {}  # per table: the last report of its changelog day
         self.changes_since: dict[str, int] = {}
+        self.waited_since: dict[str, float] = {}  # per table: the longest commit -> current since the last report
         self.days: dict[str, ChangelogDay] = {}  # per table: the day being filled
         self.partitions: set[tuple[str, str]] = set()  # (partitions definition, key) known to exist
 
@@ -113,16 +117,22 @@ class RunlessReporter:
             return
         key = item.table
         self.changes_since[key] = self.changes_since.get(key, 0) + item.current.changes_applied
+        waited = item.oldest_wait_s(datetime.now(UTC))
+        if waited is not None:
+            self.waited_since[key] = max(waited, self.waited_since.get(key, 0.0))
         now = self.clock()
         due = item.current.rebuilt or now - self.last.get(key, -float("inf")) >= self.every_s
         # back within reach of the source after a report that was behind: at once, so the
         # fresh check turns green when current does, not a throttle period later
         within_s = self.tables[key].config.checks.fresh_within_s
-        caught_up = key in self.behind and is_fresh(item.current, item.offsets_behind, within_s)
+        caught_up = key in self.behind and is_fresh(item.current, item.offsets_behind, within_s, waited)
         if not (due or caught_up):
             return
         changes = self.changes_since.pop(key)
-        self._report_current(key, item.current, changes, item.offsets_behind, item.catch_up_eta_s)
+        # back within reach: this batch's wait is the news, not the backlog's before it
+        waited_since = waited if caught_up and not due else self.waited_since.get(key)
+        self.waited_since.pop(key, None)
+        self._report_current(key, item.current, changes, item.offsets_behind, item.catch_up_eta_s, waited_since)
         self.last[key] = now
 
     def _idle(self, reported: set[str]) -> None:
@@ -149,8 +159,10 @@ class RunlessReporter:
             self.last[key] = now
 
     def _report_current(
-        self, key: str, result: CurrentResult, changes: int, offsets_behind: int | None, eta_s: float | None = None
-    ) -> None:
+        self, key: str, result: CurrentResult, changes: int, offsets_behind: int | None, eta_s: float | None = None,
+        waited_s: float | None = None,
+    ) -> None:  # fmt: skip
+        """``waited_s``: the longest commit -> current of the changes applied since the last report."""
         config = self.tables[key].config
         metadata = {
             **current_metadata(result, self.formats.get(config.source, self.position), offsets_behind),
@@ -159,17 +171,19 @@ class RunlessReporter:
             "engine": dg.MetadataValue.text("stream"),
             **catch_up_metadata(offsets_behind, eta_s),
         }
+        if waited_s is not None:  # the changes' longest commit -> current since the last report
+            metadata["longest_wait_s"] = dg.MetadataValue.float(round(waited_s, 1))
         self.emit(dg.AssetObservation(asset_key=current_asset_key(config), metadata=metadata))
         if result.history is not None:
             self.emit(dg.AssetObservation(asset_key=history_asset_key(config), metadata=history_metadata(result)))
         within_s = config.checks.fresh_within_s
-        fresh = is_fresh(result, offsets_behind, within_s)
+        fresh = is_fresh(result, offsets_behind, within_s, waited_s)
         (self.behind.discard if fresh else self.behind.add)(key)
         self.emit_check(
             dg.AssetCheckEvaluation(
                 asset_key=current_asset_key(config), check_name=FRESH_CHECK, passed=fresh,
-                metadata=fresh_check_metadata(result, offsets_behind, within_s, eta_s),
-                description=fresh_check_description(result, offsets_behind, within_s, config.source),
+                metadata=fresh_check_metadata(result, offsets_behind, within_s, eta_s, waited_s),
+                description=fresh_check_description(result, offsets_behind, within_s, config.source, waited_s),
             )
         )  # fmt: skip
 

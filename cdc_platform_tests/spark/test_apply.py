@@ -27,7 +27,7 @@ from cdc_platform.devtools.apply_process import KILLED, ApplyProcess
 from cdc_platform.devtools.faults import APPLY_CUTS
 from cdc_platform.devtools.lake import Lake
 from cdc_platform.kafka.clients import KafkaClients
-from cdc_platform.lake.apply import StreamApply, load_state
+from cdc_platform.lake.apply import StreamApply, TableApplied, describe, load_state
 from cdc_platform.lake.changelog import seal_day
 from cdc_platform.lake.compare import history_chain
 from cdc_platform.lake.crash_points import APPLY_POINTS
@@ -145,6 +145,7 @@ def _stream_a_mixed_workload(env: CaptureEnv, lake: Lake, keys: list[str], engin
     assert not any(a.reapplied for a in batches)  # nothing was interrupted: no batch takes the recovery path
     rebuilt = [a for a in batches if a.current is not None and a.current.rebuilt]
     assert {(a.table, a.current.generation) for a in rebuilt if a.current} >= {(keys[0], "g2"), (keys[1], "g1")}
+    _each_batch_knows_its_oldest_change(batches)
     assert_current_equals_source(lake, keys[:1], at_least=20)
     assert lake.read_current(keys[1]).collect() == lake.truth(keys[1]).collect()  # one row after the truncate
     _sealing_a_day_compacts_it(lake, keys[0])
@@ -153,6 +154,27 @@ def _stream_a_mixed_workload(env: CaptureEnv, lake: Lake, keys: list[str], engin
     assert engine.run_pass() == []  # caught up: an idle pass writes nothing
     _a_pass_reads_no_growing_ledger_table(env, lake, keys, engine)
     _the_keys_check_reads_the_streamed_changelog(env, lake, keys[1], engine)
+
+
+def _each_batch_knows_its_oldest_change(batches: list[TableApplied]) -> None:
+    """A batch of 25 s of the workload holds changes committed over those 25 s: the log's
+    "behind the source" is its newest change's wait, and the oldest change's (commit ->
+    current, the batch's longest) is logged beside it (``describe``). A batch of a pass that
+    rebuilt current from a generation gives none: its changes below the watermark came with
+    the snapshot, and their old commits would read as minutes of waiting."""
+    rebuilt = [a for a in batches if a.batch is not None and a.current is not None and a.current.rebuilt]
+    assert rebuilt and all(a.oldest_change_ts is None for a in rebuilt), rebuilt
+    assert all("oldest change" not in describe(a) for a in rebuilt)
+    merged = [a for a in batches if a.oldest_change_ts is not None]
+    assert merged
+    spans = []
+    for applied in merged:
+        assert applied.current is not None and applied.current.changes_applied, applied
+        oldest, newest = applied.oldest_change_ts, applied.current.last_source_ts
+        assert oldest is not None and newest is not None and oldest <= newest, applied
+        spans.append((newest - oldest).total_seconds())
+        assert "s behind the source, oldest change " in describe(applied)
+    assert max(spans) > 5, spans  # a batch spans seconds of commits, not one instant
 
 
 def _sealing_a_day_compacts_it(lake: Lake, key: str) -> None:
@@ -281,7 +303,11 @@ def _the_keys_check_reads_the_streamed_changelog(env: CaptureEnv, lake: Lake, ke
     foreign_key = b'{"order_id": 2, "line_no": 1, "tenant": 1}'
     producer.produce(table.topic, original.value, key=foreign_key, partition=original.partition)
     assert producer.flush(10) == 0
-    assert [a.table for a in engine.run_until_caught_up() if a.batch is not None] == [key]
+    redelivered = [a for a in engine.run_until_caught_up() if a.batch is not None]
+    assert [a.table for a in redelivered] == [key]
+    # the record's commit is minutes old, but current held it already: it waited for nothing,
+    # and the fresh check must not read its commit as a change's wait
+    assert redelivered[0].oldest_change_ts is None and "oldest change" not in describe(redelivered[0])
     changelog = spark.read.format("delta").load(table.changelog_path)
     record = (F.col("kafka_partition") == original.partition) & (F.col("kafka_offset") == original.offset)
     twice = changelog.where(record)

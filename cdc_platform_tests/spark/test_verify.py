@@ -85,8 +85,12 @@ def test_verify_on_quoted_identifiers(env: CaptureEnv, spark: Any, capsys: pytes
         assert (
             main(["verify", f'cap.{env.schema}."Order Items"', "--config", str(env.config_path), "--rounds", "1"]) == 1
         )
-    out = capsys.readouterr().out
-    assert "DIFFERS" in out and "mismatches" in out and 'extra {"Order Id": 999, "Line": 0}' in out
+    printed = capsys.readouterr()
+    out = printed.out
+    assert "DIFFERS" in out and "mismatches" in out and "seconds" in out and 'extra {"Order Id": 999, "Line": 0}' in out
+    # progress as each table finishes, the table named as in the verdicts' table
+    assert f"cap.{env.schema}.Order Items: DIFFERS after " in printed.err
+    assert "1/1 tables done" in printed.err
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ plan in the ledger, a table's health, the config block, and the crash points."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -248,6 +249,63 @@ def test_the_apply_observes_current_and_reports_its_fresh_check(tmp_path: Path) 
         assert len(fresh_checks()) == 4 and instance.fetch_materializations(key, limit=10).records == []
 
 
+def test_fresh_fails_when_changes_waited_longer_than_allowed_though_each_batch_ends_close(tmp_path: Path) -> None:
+    """A batch's end is when current is closest to the source (its newest change's wait);
+    just before it committed, current lagged by its oldest change's wait. Batches that end
+    3 s behind but hold changes that waited 90 s for them are not fresh within 60 s: the
+    check read only the first figure and stayed green."""
+    from datetime import UTC, datetime, timedelta
+
+    import dagster as dg
+
+    from cdc_platform.lake.apply import TableApplied
+    from cdc_platform.lake.changelog import WindowResult
+    from cdc_platform.lake.current import CurrentResult
+    from cdc_platform.lake.tables import lake_table
+    from cdc_platform.orchestration.keys import FRESH_CHECK
+    from cdc_platform.orchestration.reporting import RunlessReporter
+
+    config = load_config(_config(tmp_path, "    apply: {engine: stream}"))
+    table = lake_table(config, config.tables[0])
+    key, now = dg.AssetKey(["shop", "orders"]), [0.0]
+
+    def batch(oldest_waited_s: float) -> list[TableApplied]:
+        at = datetime.now(UTC)
+        result = CurrentResult("g1", False, 50, 10, {0: 5}, 123, at - timedelta(seconds=3), 0.1)
+        changelog = WindowResult("d", [], False, {"u": 50})
+        oldest = at - timedelta(seconds=oldest_waited_s)
+        return [
+            TableApplied(
+                table.key, batch=f"{DAY}#1", changelog=changelog, current=result, offsets_behind=0,
+                oldest_change_ts=oldest,
+            )
+        ]  # fmt: skip
+
+    def fresh_checks() -> list[Any]:
+        records = instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(key, FRESH_CHECK), limit=10
+        )
+        return [r.event.asset_check_evaluation for r in records if r.event is not None]
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        report = RunlessReporter(instance, [table], position=str, clock=lambda: now[0])
+        report(batch(20))
+        assert [c.passed for c in fresh_checks()] == [True]
+        now[0] = 20.0
+        report(batch(90))  # throttled: folded into the next report, not forgotten
+        now[0] = 61.0
+        report(batch(30))
+        newest = fresh_checks()[0]
+        assert not newest.passed and newest.metadata["longest_wait_s"].value >= 90
+        assert newest.metadata["freshness_lag_s"].value == 0.0  # caught up at the batch's end: not what failed
+        assert "a change reached current 90 s after its commit, more than 60 s" in str(newest.description)
+        observed = instance.fetch_observations(key, limit=1).records[0].asset_observation
+        assert observed is not None and observed.metadata["longest_wait_s"].value >= 90
+        now[0] = 70.0  # its next batch within reach again: green at once, not a throttle period later
+        report(batch(12))
+        assert [c.passed for c in fresh_checks()][:2] == [True, False]
+
+
 def test_a_table_that_may_lag_sets_its_own_fresh_threshold(tmp_path: Path) -> None:
     from datetime import UTC, datetime, timedelta
 
@@ -295,6 +353,29 @@ def test_a_backlog_is_logged_with_what_is_left_and_when_it_is_done() -> None:
     assert line.endswith("s behind the source; 150000 offsets to apply, about 60 s [0.00 s]"), line
     caught_up = describe(TableApplied("s.p.t", current=result, offsets_behind=0))
     assert "offsets to apply" not in caught_up
+
+
+def test_a_batch_logs_its_newest_and_its_oldest_changes_wait() -> None:
+    """The log's "behind the source" is the newest change's wait at the batch's end, the least of the
+    batch's; a change committed just after the previous batch began waited that batch and
+    this one. The line gives both, so commit -> current is read from the log, not guessed."""
+    from datetime import UTC, datetime, timedelta
+
+    from cdc_platform.lake.apply import TableApplied, describe
+    from cdc_platform.lake.changelog import WindowResult
+    from cdc_platform.lake.current import CurrentResult
+
+    now = datetime.now(UTC)
+    result = CurrentResult("g1", False, 40, 10, {0: 5}, 123, now - timedelta(seconds=3), 3.0)
+    changelog = WindowResult("2026-11-29", [], False, {"u": 40})
+    oldest = now - timedelta(seconds=41)
+    line = describe(
+        TableApplied("s.p.t", batch="b7", offsets=40, changelog=changelog, current=result, oldest_change_ts=oldest)
+    )
+    match = re.search(r", ([\d.]+) s behind the source, oldest change ([\d.]+) s after its commit", line)
+    assert match is not None, line
+    assert 3.0 <= float(match[1]) < 4.0 and 41.0 <= float(match[2]) < 42.0
+    assert "oldest change" not in describe(TableApplied("s.p.t", current=result))  # no batch, nothing to say
 
 
 def _lease(holder: str, state: str, at_s: float, host: str = "h1", pid: int = 1) -> Any:
