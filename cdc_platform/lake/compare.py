@@ -7,7 +7,9 @@ Used by ``cdc-platform verify`` and by the completeness check. The steps, in thi
    the Kafka offsets taken just before the read: every event below them is older than
    the read.
 2. Take the source's position after the read and wait until capture confirmed it: every
-   event older than the read is now in Kafka.
+   event older than the read is now in Kafka. ``verify`` then also waits until current
+   has applied the read's watermark offsets (the apply catches up while the source is
+   read, instead of before), so only keys changed after the read are left out below.
 3. **Pin current**: note its frontier in the ledger, then fix the Delta version it is
    read at. The ledger records a frontier only after its Delta commit, so the pinned
    version has applied at least that frontier. A stream apply that goes on merging
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -86,15 +89,20 @@ class PinnedCurrent:
 
 def compare_at_one_read(
     spark: SparkSession, ledger: Ledger, source: Source, kafka: KafkaClients, table: LakeTable,
-    capture_wait_s: float, max_in_flight_offsets: int | None = None, stop_when_unread: bool = False,
+    capture_wait_s: float, max_in_flight_offsets: int | None = None, *, stop_when_unread: bool = False,
+    wait_for_current: Callable[[dict[int, int]], str] | None = None,
 ) -> ExactComparison:  # fmt: skip
     """Current against one consistent read of the source (the module's steps); the
     in-flight span is decoded only up to ``max_in_flight_offsets`` (None: no cap);
-    ``stop_when_unread``: see ``Source.wait_until_captured``."""
+    ``stop_when_unread``: see ``Source.wait_until_captured``. ``wait_for_current``, once
+    capture confirmed the read: called with the read's watermark offsets, it waits until
+    current applied them and returns why it did not ('' when it did); not compared then."""
     with scratch_copy(spark, source, kafka, table, "compare") as (truth, plan):
         after_read = source.position()
         if why := source.wait_until_captured(after_read, time.monotonic() + capture_wait_s, stop_when_unread):
             return ExactComparison(note=f"not compared: {why}", confirmed=False)
+        if wait_for_current is not None and (why := wait_for_current(dict(plan.watermark.kafka_end_offsets))):
+            return ExactComparison(note=why, confirmed=False)
         pinned = pin_current(spark, ledger, table)
         if pinned is None:
             return ExactComparison(note=PIN_MOVED)

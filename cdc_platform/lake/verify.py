@@ -1,10 +1,12 @@
 """Equivalence: is current exactly the source? (``cdc-platform verify``)
 
-For each table: read the source position P, wait until capture has every change before
-P in Kafka, note the topic's end offsets E, and wait until current has applied E (its
-frontier in the ledger; the stream apply, the daemon's sensors or ``cdc-platform
-current`` do the applying). Then compare current with one consistent read of the
-source, row by row (``lake.compare``): current is read at one Delta version whose
+For each table: read the source position P and wait until capture has every change
+before P in Kafka. Then read the source once, consistently, and wait until current has
+applied every offset Kafka held when that read began (its frontier in the ledger; the
+stream apply, the daemon's sensors or ``cdc-platform current`` do the applying): the
+apply catches up while the source is read, not before it (waiting first cost a table a
+whole apply cycle before its read even started). Then compare current with that read,
+row by row (``lake.compare``): current is read at one Delta version whose
 frontier is known, and the keys with an event in the span the read cannot pin are left
 out. So verify gives an exact verdict on a table that never stops changing, while the
 stream apply goes on merging: a key missing from current, an extra key, or a row that
@@ -108,12 +110,17 @@ def verify_table(ctx: VerifyContext, table: LakeTable, timeout_s: float = 600.0,
         verdict = Verdict(table.key)
         position = ctx.source.position()
         verdict.position = ctx.source.format_position(position)
-        verdict.note = ctx.source.wait_until_captured(position, deadline) or _wait_for_current(ctx, table, deadline)
+        verdict.note = ctx.source.wait_until_captured(position, deadline)
         if verdict.note:
             break
+
+        def current_applied(offsets: dict[int, int]) -> str:
+            return _wait_for_current(ctx, table, offsets, deadline)
+
         comparison = compare_at_one_read(
-            ctx.spark, ctx.ledger, ctx.source, ctx.kafka, table, max(1.0, deadline - time.monotonic())
-        )
+            ctx.spark, ctx.ledger, ctx.source, ctx.kafka, table, max(1.0, deadline - time.monotonic()),
+            wait_for_current=current_applied,
+        )  # fmt: skip
         _fill(ctx, table, verdict, comparison)
         if not verdict.note or not comparison.confirmed:
             break
@@ -139,9 +146,8 @@ def _fill(ctx: VerifyContext, table: LakeTable, verdict: Verdict, comparison: Ex
         verdict.deletes_pending, verdict.explanation = unseen_deletes(committed, every_s, datetime.now(UTC), rows.extra)
 
 
-def _wait_for_current(ctx: VerifyContext, table: LakeTable, deadline: float) -> str:
-    """Until current applied every offset Kafka holds now ('' when it did, else why not)."""
-    ends = ctx.kafka.end_offsets(table.topic)
+def _wait_for_current(ctx: VerifyContext, table: LakeTable, ends: dict[int, int], deadline: float) -> str:
+    """Until current applied every offset below ``ends`` ('' when it did, else why not)."""
     logged = False
     while True:
         position = ctx.ledger.current(table.key)
@@ -150,7 +156,8 @@ def _wait_for_current(ctx: VerifyContext, table: LakeTable, deadline: float) -> 
             return ""
         if time.monotonic() > deadline:
             return (
-                f"current has not applied up to the start position ({unapplied} offsets behind in {table.topic}); "
+                f"current has not applied what Kafka held when the source was read ({unapplied} offsets behind in "
+                f"{table.topic}); "
                 f"is the source's apply running (cdc-platform apply --source {table.config.source}; with scheduled "
                 "applies, the daemon's sensors)? Or raise --timeout"
             )

@@ -85,6 +85,15 @@ def test_verify_on_quoted_identifiers(env: CaptureEnv, spark: Any, capsys: pytes
         assert (
             main(["verify", f'cap.{env.schema}."Order Items"', "--config", str(env.config_path), "--rounds", "1"]) == 1
         )
+
+        # a change Kafka holds and current has not applied, with nothing applying it: verify
+        # reads the source, waits for current until its timeout, and says what to run
+        with env.app() as app:
+            app.execute('UPDATE "Order Items" SET "Note" = \'later\' WHERE "Line" = 2')
+        behind = verify_table(ctx, lake.table(key), timeout_s=12, rounds=1)
+        assert not behind.ok and behind.source_rows == 0, behind
+        assert "current has not applied what Kafka held when the source was read" in behind.note, behind.note
+        assert f"cdc-platform apply --source {table.source}" in behind.note
     printed = capsys.readouterr()
     out = printed.out
     assert "DIFFERS" in out and "mismatches" in out and "seconds" in out and 'extra {"Order Id": 999, "Line": 0}' in out
