@@ -208,7 +208,6 @@ def test_the_apply_observes_current_and_reports_its_fresh_check(tmp_path: Path) 
     from cdc_platform.lake.apply import TableApplied
     from cdc_platform.lake.current import CurrentResult
     from cdc_platform.lake.tables import lake_table
-    from cdc_platform.orchestration.keys import FRESH_CHECK
     from cdc_platform.orchestration.reporting import RunlessReporter
 
     config = load_config(_config(tmp_path, "    apply: {engine: stream}"))
@@ -221,12 +220,6 @@ def test_the_apply_observes_current_and_reports_its_fresh_check(tmp_path: Path) 
         eta = offsets_behind / 1000  # the table's rate: 1 000 offsets a second
         return [TableApplied(table.key, batch="b", current=result, offsets_behind=offsets_behind, catch_up_eta_s=eta)]
 
-    def fresh_checks() -> list[Any]:
-        records = instance.event_log_storage.get_asset_check_execution_history(
-            dg.AssetCheckKey(key, FRESH_CHECK), limit=10
-        )
-        return [r.event.asset_check_evaluation for r in records if r.event is not None]
-
     with dg.DagsterInstance.ephemeral() as instance:
         report = RunlessReporter(instance, [table], position=str, clock=lambda: now[0])
         for minute in range(3):  # catching up a backlog, an hour behind
@@ -234,7 +227,7 @@ def test_the_apply_observes_current_and_reports_its_fresh_check(tmp_path: Path) 
             report(applied(3600 - 60 * minute, offsets_behind=50_000))
         observed = instance.fetch_observations(key, limit=10).records
         assert len(observed) == 3 and instance.fetch_materializations(key, limit=10).records == []
-        checks = fresh_checks()
+        checks = _fresh_checks(instance, key)
         assert [c.passed for c in checks] == [False, False, False]
         assert checks[0].metadata["freshness_lag_s"].value >= 3480
         newest = checks[0].metadata
@@ -243,10 +236,10 @@ def test_the_apply_observes_current_and_reports_its_fresh_check(tmp_path: Path) 
         assert "cdc-platform apply --source shop" in str(checks[0].description)
         now[0] = 130.0  # within seconds of the source again: shown at once, not a throttle period later
         report(applied(8, offsets_behind=40))
-        assert [c.passed for c in fresh_checks()][:2] == [True, False]
+        assert [c.passed for c in _fresh_checks(instance, key)][:2] == [True, False]
         now[0] = 140.0
         report(applied(3, offsets_behind=2))  # fresh, and throttled as before
-        assert len(fresh_checks()) == 4 and instance.fetch_materializations(key, limit=10).records == []
+        assert len(_fresh_checks(instance, key)) == 4 and instance.fetch_materializations(key, limit=10).records == []
 
 
 def test_fresh_fails_when_changes_waited_longer_than_allowed_though_each_batch_ends_close(tmp_path: Path) -> None:
@@ -262,7 +255,6 @@ def test_fresh_fails_when_changes_waited_longer_than_allowed_though_each_batch_e
     from cdc_platform.lake.changelog import WindowResult
     from cdc_platform.lake.current import CurrentResult
     from cdc_platform.lake.tables import lake_table
-    from cdc_platform.orchestration.keys import FRESH_CHECK
     from cdc_platform.orchestration.reporting import RunlessReporter
 
     config = load_config(_config(tmp_path, "    apply: {engine: stream}"))
@@ -281,21 +273,15 @@ def test_fresh_fails_when_changes_waited_longer_than_allowed_though_each_batch_e
             )
         ]  # fmt: skip
 
-    def fresh_checks() -> list[Any]:
-        records = instance.event_log_storage.get_asset_check_execution_history(
-            dg.AssetCheckKey(key, FRESH_CHECK), limit=10
-        )
-        return [r.event.asset_check_evaluation for r in records if r.event is not None]
-
     with dg.DagsterInstance.ephemeral() as instance:
         report = RunlessReporter(instance, [table], position=str, clock=lambda: now[0])
         report(batch(20))
-        assert [c.passed for c in fresh_checks()] == [True]
+        assert [c.passed for c in _fresh_checks(instance, key)] == [True]
         now[0] = 20.0
         report(batch(90))  # throttled: folded into the next report, not forgotten
         now[0] = 61.0
         report(batch(30))
-        newest = fresh_checks()[0]
+        newest = _fresh_checks(instance, key)[0]
         assert not newest.passed and newest.metadata["longest_wait_s"].value >= 90
         assert newest.metadata["freshness_lag_s"].value == 0.0  # caught up at the batch's end: not what failed
         assert "a change reached current 90 s after its commit, more than 60 s" in str(newest.description)
@@ -303,7 +289,7 @@ def test_fresh_fails_when_changes_waited_longer_than_allowed_though_each_batch_e
         assert observed is not None and observed.metadata["longest_wait_s"].value >= 90
         now[0] = 70.0  # its next batch within reach again: green at once, not a throttle period later
         report(batch(12))
-        assert [c.passed for c in fresh_checks()][:2] == [True, False]
+        assert [c.passed for c in _fresh_checks(instance, key)][:2] == [True, False]
 
 
 def test_a_table_that_may_lag_sets_its_own_fresh_threshold(tmp_path: Path) -> None:
@@ -376,6 +362,16 @@ def test_a_batch_logs_its_newest_and_its_oldest_changes_wait() -> None:
     assert match is not None, line
     assert 3.0 <= float(match[1]) < 4.0 and 41.0 <= float(match[2]) < 42.0
     assert "oldest change" not in describe(TableApplied("s.p.t", current=result))  # no batch, nothing to say
+
+
+def _fresh_checks(instance: Any, key: Any) -> list[Any]:
+    """The ``fresh`` check evaluations of ``key`` in ``instance``, newest first."""
+    import dagster as dg
+
+    from cdc_platform.orchestration.keys import FRESH_CHECK
+
+    records = instance.event_log_storage.get_asset_check_execution_history(dg.AssetCheckKey(key, FRESH_CHECK), limit=10)
+    return [r.event.asset_check_evaluation for r in records if r.event is not None]
 
 
 def _lease(holder: str, state: str, at_s: float, host: str = "h1", pid: int = 1) -> Any:
