@@ -200,11 +200,10 @@ def logged_batch(applied: TableApplied) -> bench_demo_lag.Batch:
     """The figures the apply's log line gives for a batch (``describe``), read now as it does."""
     now = datetime.now(UTC)
     newest = applied.current.last_source_ts if applied.current else None
-    oldest = applied.oldest_change_ts
     behind = (now - newest).total_seconds() if newest else 0.0
-    waited = (now - oldest).total_seconds() if oldest else behind
+    waited = applied.oldest_wait_s(now)
     changes = applied.current.changes_applied if applied.current else 0
-    return bench_demo_lag.Batch(now, applied.table, changes, behind, waited)
+    return bench_demo_lag.Batch(now, applied.table, changes, behind, behind if waited is None else waited)
 
 
 def with_demo_tables(config: PlatformConfig, tag: str) -> PlatformConfig:

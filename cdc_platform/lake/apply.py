@@ -127,7 +127,7 @@ class TableApplied:
         the source by just before the batch committed ("behind the source" is its newest
         change's wait, the least). None without such a batch (``oldest_change_ts``)."""
         oldest = self.oldest_change_ts
-        return (now - oldest).total_seconds() if oldest is not None and self.current is not None else None
+        return (now - oldest).total_seconds() if oldest is not None else None
 
 
 @dataclass
@@ -441,7 +441,7 @@ class StreamApply:
             crash_point("apply.recorded")
             straight = self._merges_decoded(state, before, batch.ranges)
             held = state.position.applied_position if state.position is not None else None
-            merged = self._merge(table, committed, state, decoded, before, batch.ranges)
+            merged = self._merge(table, committed, state, decoded, straight)
             applied.current = merged if applied.current is None else _after_catch_up(applied.current, merged)
             if straight and applied.current is not None and not applied.current.rebuilt:
                 applied.oldest_change_ts = decoded.summary.min_ts if decoded.summary.newer_than(held) else None
@@ -456,12 +456,11 @@ class StreamApply:
         return self._finish(applied, started)
 
     def _merge(
-        self, table: LakeTable, committed: Generation, state: TableState, decoded: DecodedBatch,
-        batch_start: dict[int, int], batch_ranges: tuple[OffsetRange, ...],
-    ) -> CurrentResult:  # fmt: skip
-        """The batch into current: straight from the decoded rows when current stood at its
-        start and the batch continues it, else by catching up from the changelog."""
-        if not self._merges_decoded(state, batch_start, batch_ranges):
+        self, table: LakeTable, committed: Generation, state: TableState, decoded: DecodedBatch, straight: bool
+    ) -> CurrentResult:
+        """The batch into current: ``straight`` from the decoded rows when current stood at its
+        start and the batch continues it (``_merges_decoded``), else by catching up from the changelog."""
+        if not straight:
             return self._catch_up(table, state)
         assert state.position is not None  # _merges_decoded
         result = apply_decoded(
