@@ -22,49 +22,26 @@ import argparse
 import statistics
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cdc_platform.config.model import PlatformConfig, SparkConfig
+from bench_merge import WATERMARK, commit_generation, make_config
+
+from cdc_platform.config.model import SparkConfig
 from cdc_platform.devtools.stack.profiles import REPO_ROOT
-from cdc_platform.envelope.pgtypes import builtin_type
 from cdc_platform.lake.current import apply_current, apply_decoded, summarize
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.session import get_spark_session
 from cdc_platform.lake.tables import LakeTable, lake_table
-from cdc_platform.model.generations import GenerationEvent, GenerationStatus, Watermark
-from cdc_platform.model.tables import LakeColumn, TableSchema
 
 BATCH = 20
-WATERMARK = 1000
 
 
 def build_table(spark: Any, root: Path, rows: int, history: bool) -> tuple[LakeTable, Ledger]:
     """Current (and history) of ``rows`` rows, rebuilt from a committed generation."""
-    from pyspark.sql import functions as F
-
-    config = PlatformConfig.model_validate(
-        {
-            "sources": {"bh": {"database": "bh", "user": "u", "password_env": "UNUSED"}},
-            "kafka": {"bootstrap_servers": "127.0.0.1:1"},
-            "lake": {"root": str(root)},
-            "tables": [{"name": "bh.public.t", "primary_key": ["id"], "history": history}],
-        }
-    )
+    config = make_config(root, history)
     table, ledger = lake_table(config, config.tables[0]), Ledger(config.lake.root)
-    spark.range(rows).select(
-        F.col("id"), (F.col("id") * 2).alias("v"), F.concat(F.lit("row-"), F.col("id").cast("string")).alias("s")
-    ).write.format("delta").mode("overwrite").save(table.snapshot_path("g1"))
-    int8, text = builtin_type(20), builtin_type(25)
-    assert int8 is not None and text is not None
-    schema = TableSchema((LakeColumn("id", int8), LakeColumn("v", int8), LakeColumn("s", text)), ("id",))
-    ledger.record_generation(
-        GenerationEvent(
-            table.key, "g1", GenerationStatus.COMMITTED, watermark=Watermark(WATERMARK, {0: 0}, datetime.now(UTC)),
-            schema_json=schema.to_json(),
-        )
-    )  # fmt: skip
+    commit_generation(spark, table, ledger, rows)
     apply_current(spark, ledger, table)
     return table, ledger
 

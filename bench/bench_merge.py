@@ -30,23 +30,44 @@ from cdc_platform.envelope.pgtypes import builtin_type
 from cdc_platform.lake.current import apply_current, apply_decoded, summarize
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.session import get_spark_session
-from cdc_platform.lake.tables import lake_table
+from cdc_platform.lake.tables import LakeTable, lake_table
 from cdc_platform.model.generations import GenerationEvent, GenerationStatus, Watermark
 from cdc_platform.model.tables import LakeColumn, TableSchema
 from cdc_platform.model.windows import WindowPlan, WindowRange
 
 CHANGES = 10_000
+WATERMARK = 1000
 
 
-def make_config(root: Path) -> PlatformConfig:
+def make_config(root: Path, history: bool = False) -> PlatformConfig:
     return PlatformConfig.model_validate(
         {
             "sources": {"bm": {"database": "bm", "user": "u", "password_env": "UNUSED"}},
             "kafka": {"bootstrap_servers": "127.0.0.1:1"},
             "lake": {"root": str(root)},
-            "tables": [{"name": "bm.public.t", "primary_key": ["id"]}],
+            "tables": [{"name": "bm.public.t", "primary_key": ["id"], "history": history}],
         }
     )
+
+
+def commit_generation(spark: object, table: LakeTable, ledger: Ledger, size: int) -> None:
+    """A synthetic generation of ``size`` rows (id, v, s), committed in the ledger as a
+    snapshot commits one (watermark at LSN 1000, before every synthetic change)."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    assert isinstance(spark, SparkSession)
+    spark.range(size).select(
+        F.col("id"), (F.col("id") * 2).alias("v"), F.concat(F.lit("row-"), F.col("id").cast("string")).alias("s")
+    ).write.format("delta").mode("overwrite").save(table.snapshot_path("g1"))
+    int8, text = builtin_type(20), builtin_type(25)
+    assert int8 is not None and text is not None
+    schema = TableSchema((LakeColumn("id", int8), LakeColumn("v", int8), LakeColumn("s", text)), ("id",))
+    committed = GenerationEvent(
+        table.key, "g1", GenerationStatus.COMMITTED, watermark=Watermark(WATERMARK, {0: 0}, datetime.now(UTC)),
+        schema_json=schema.to_json(),
+    )  # fmt: skip
+    ledger.record_generation(committed)
 
 
 def bench(spark: object, size: int, root: Path) -> tuple[float, float, float]:
@@ -57,17 +78,7 @@ def bench(spark: object, size: int, root: Path) -> tuple[float, float, float]:
     config = make_config(root)
     table = lake_table(config, config.tables[0])
     ledger = Ledger(config.lake.root)
-    spark.range(size).select(
-        F.col("id"), (F.col("id") * 2).alias("v"), F.concat(F.lit("row-"), F.col("id").cast("string")).alias("s")
-    ).write.format("delta").mode("overwrite").save(table.snapshot_path("g1"))
-    int8, text = builtin_type(20), builtin_type(25)
-    assert int8 is not None and text is not None
-    schema = TableSchema((LakeColumn("id", int8), LakeColumn("v", int8), LakeColumn("s", text)), ("id",))
-    committed = GenerationEvent(
-        table.key, "g1", GenerationStatus.COMMITTED, watermark=Watermark(1000, {0: 0}, datetime.now(UTC)),
-        schema_json=schema.to_json(),
-    )  # fmt: skip
-    ledger.record_generation(committed)
+    commit_generation(spark, table, ledger, size)
     started = time.perf_counter()
     apply_current(spark, ledger, table)  # the baseline: current rebuilt from the generation
     rebuild_s = time.perf_counter() - started
