@@ -205,7 +205,7 @@ def _apply_segment(
     # Materialized once, its lineage cut: Delta's MERGE analyses its source's plan several
     # times, and this one (history's scan, joins, a window per column) cost more to plan
     # than to run. A cached frame keeps its plan; a local checkpoint does not (a 20-change
-    # batch into 100k versions: 5.0 -> 3.1-3.8 s, docs/benchmarks.md).
+    # batch into 100k versions: 5.0-6.1 -> 3.1-4.0 s, docs/benchmarks.md).
     sequenced = _sequence(_unseen_events(target.toDF(), events, keys, columns), keys, columns).localCheckpoint(
         eager=True
     )
@@ -217,10 +217,10 @@ def _apply_segment(
         _merge_versions(target, changes, keys, columns)
         return opened, closed
     finally:
-        release_checkpoint(sequenced)
+        _release_checkpoint(sequenced)
 
 
-def release_checkpoint(frame: DataFrame) -> None:
+def _release_checkpoint(frame: DataFrame) -> None:
     """Free a local checkpoint's blocks now, not when the driver's garbage collector gets
     to its RDD: a long-running apply checkpoints every batch of a table with history."""
     plan = frame._jdf.queryExecution().logical()  # a LogicalRDD over the checkpointed RDD
