@@ -227,14 +227,28 @@ def column_read(column: LakeColumn) -> ColumnRead:
         days = f"{ident} - DATE '1970-01-01'"
         return ColumnRead(name, f"{_infinite_as(ident, INT32_MAX, INT32_MIN, days)} AS {ident}", "unix_date")
     if kind in ("timestamp", "timestamptz"):  # microseconds since 1970 (UTC for timestamptz), as capture
-        micros = f"(EXTRACT(EPOCH FROM {ident}) * 1000000)::bigint"
-        return ColumnRead(name, f"{_infinite_as(ident, INT64_MAX, INT64_MIN, micros)} AS {ident}", "unix_micros")
+        return ColumnRead(name, f"{_instant_micros(ident, kind)} AS {ident}", "unix_micros")
     if kind in _PLAIN_KINDS or (kind == "numeric" and fits_decimal(column.typmod)):
         return ColumnRead(name, ident)
     if pgtype.name in ("text", "varchar", "bpchar", "name"):
         # read as is: char(n)::text would drop the padding that the column (and capture) keep
         return ColumnRead(name, ident)
     return ColumnRead(name, f"{ident}::text AS {ident}")
+
+
+# EXTRACT(EPOCH ...) is numeric since PostgreSQL 14: 10M instants took the backend 4.5-6.7 s
+# that way, 2.8 s through date_part's float8 epoch (a bigint column: 1.7-2.4 s; docs/benchmarks.md,
+# "Snapshots"). The float is exact only while a double holds the microseconds with room for
+# two roundings (the division by 10^6, the product): below 2^51 us either side of 1970, i.e.
+# 1898-2041. Outside these years (and for infinity) the numeric path reads them.
+FLOAT_EPOCH_AFTER, FLOAT_EPOCH_BEFORE = "1900-01-01 00:00:00", "2040-01-01 00:00:00"
+
+
+def _instant_micros(ident: str, kind: str) -> str:
+    zone = "+00" if kind == "timestamptz" else ""
+    inside = f"{ident} > '{FLOAT_EPOCH_AFTER}{zone}'::{kind} AND {ident} < '{FLOAT_EPOCH_BEFORE}{zone}'::{kind}"
+    exact = _infinite_as(ident, INT64_MAX, INT64_MIN, f"(EXTRACT(EPOCH FROM {ident}) * 1000000)::bigint")
+    return f"CASE WHEN {inside} THEN (date_part('epoch', {ident}) * 1000000)::bigint ELSE {exact} END"
 
 
 def _infinite_as(ident: str, top: int, bottom: int, finite: str) -> str:
