@@ -37,14 +37,14 @@ import bench_lake
 from confluent_kafka import TopicPartition
 
 from cdc_platform.config import PlatformConfig, load_config
-from cdc_platform.config.model import ApplyConfig, ApplyEngine
+from cdc_platform.config.model import ApplyConfig, ApplyEngine, SparkConfig
 from cdc_platform.devtools.demo.workload import app_connect, run_workload
 from cdc_platform.devtools.lake import Lake
 from cdc_platform.devtools.stack import profile
 from cdc_platform.devtools.stack.profiles import REPO_ROOT
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.apply import StreamApply, TableApplied
-from cdc_platform.lake.session import get_spark_session
+from cdc_platform.lake.session import DRIVER_JAVA_OPTIONS, LONG_RUNNING_DRIVER_MEMORY, get_spark_session
 from cdc_platform.model.windows import is_closed, window_seconds, window_start
 from cdc_platform.sources import CaptureSettings, open_source
 
@@ -67,7 +67,7 @@ class LatencyRun:
         self.table = self.config.tables[0]
         if args.demo:
             self.config = with_demo_tables(self.config, tag)
-        self.lake = Lake(self.config, get_spark_session(self.config.spark.model_copy(update={"master": "local[*]"})))
+        self.lake = Lake(self.config, get_spark_session(bench_spark(self.config, args)))
         self.committed: dict[tuple[int, int], float] = {}  # (id, version) -> commit time
         self.in_kafka: dict[tuple[int, int], float] = {}
         self.visible: dict[tuple[int, int], float] = {}
@@ -149,6 +149,13 @@ class LatencyRun:
         with StreamApply(self.lake.spark, self.lake.ledger, self.lake.kafka, tables, settings) as engine:
             engine.run_forever(stop, on_pass)
 
+    def gc_seconds(self) -> float:
+        """The driver JVM's collectors' time so far (every collector's MXBean)."""
+        jvm = self.lake.spark.sparkContext._jvm
+        assert jvm is not None
+        beans = jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
+        return sum(bean.getCollectionTime() for bean in beans) / 1000.0
+
     def record_visible(self, seen: float) -> None:
         rows = self.lake.read_current(self.table.key).select("id", "label").collect()
         labels = {int(r["id"]): int(r["label"]) for r in rows if r["label"] and r["label"].isdigit()}
@@ -188,12 +195,27 @@ class LatencyRun:
             p50, p95 = (bench_demo_lag.weighted_percentile(waits, q) for q in (0.5, 0.95))
             print(f"  estimated from the log     p50 {p50:7.2f} s   p95 {p95:7.2f} s   "
                   f"(bench_demo_lag's estimate from the probe's {len(self.logged)} batch lines)")  # fmt: skip
+        print(f"  driver JVM: {self.gc_seconds():.1f} s in garbage collection over the run")
         if self.batches:
             seconds = [d for _, d in self.batches]
             probe = [d for t, d in self.batches if t == self.table.key]
             print(f"  micro-batches: {len(self.batches)} over {len(self.config.tables)} tables (one apply), "
                   f"each p50 {percentile(seconds, 0.5):.2f} s, p95 {percentile(seconds, 0.95):.2f} s; "
                   f"probe table's p50 {percentile(probe or [float('nan')], 0.5):.2f} s")  # fmt: skip
+
+
+def bench_spark(config: PlatformConfig, args: argparse.Namespace) -> SparkConfig:
+    """The driver as the process the bench stands in for starts it: the stream engine's is
+    ``cdc-platform apply``'s, with the long-running heap (``lake/session.long_running_conf``);
+    ``--driver-memory`` replaces that heap, ``--java-options`` go after the platform's own driver options."""
+    conf = dict(config.spark.conf)
+    if args.driver_memory:
+        conf["spark.driver.memory"] = args.driver_memory
+    elif args.engine == "stream":
+        conf.setdefault("spark.driver.memory", LONG_RUNNING_DRIVER_MEMORY)
+    if args.java_options:
+        conf[DRIVER_JAVA_OPTIONS] = " ".join(o for o in (conf.get(DRIVER_JAVA_OPTIONS), args.java_options) if o)
+    return config.spark.model_copy(update={"master": "local[*]", "conf": conf})
 
 
 def logged_batch(applied: TableApplied) -> bench_demo_lag.Batch:
@@ -235,6 +257,8 @@ def main() -> None:
     parser.add_argument("--demo", action="store_true", help="stream: every demo table at once, under the demo load")
     parser.add_argument("--demo-rate", type=float, default=5.0, help="--demo: the demo workload's transactions/s")
     parser.add_argument("--parallelism", type=int, default=None, help="stream: tables applied at once")
+    parser.add_argument("--driver-memory", default=None, help="the driver's heap (default: the apply's)")
+    parser.add_argument("--java-options", default="", help="extra driver JVM options (e.g. collector sizing)")
     args = parser.parse_args()
     tag = uuid.uuid4().hex[:6]
     run = LatencyRun(args, tag)
