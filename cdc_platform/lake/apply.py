@@ -59,6 +59,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -247,7 +248,7 @@ class ApplyLease:
             reason="apply_already_running",
         )
 
-    def _alive(self, host: str, pid: int) -> bool | None:
+    def _alive(self, host: str, pid: int, taken: datetime) -> bool | None:
         if host != self.host:
             return None
         if pid == self.pid:
@@ -257,8 +258,33 @@ class ApplyLease:
         except ProcessLookupError:
             return False
         except PermissionError:
-            return True
-        return True
+            pass
+        # a SIGKILLed apply leaves its lease held, and the kernel may give its pid to another
+        # process (the fault suite saw every restart refused for minutes that way): a process
+        # that started after the lease was taken is not the holder; nor is a zombie (an apply
+        # killed and not yet reaped: it writes nothing more)
+        facts = process_facts(pid)
+        return facts is None or (facts.state != "Z" and facts.started <= taken)
+
+
+@dataclass(frozen=True)
+class ProcessFacts:
+    state: str  # R, S, D, Z (zombie), ...
+    started: datetime
+
+
+def process_facts(pid: int) -> ProcessFacts | None:
+    """Process ``pid``'s state and start, from Linux's /proc (its start in clock ticks since
+    boot, and the boot time); None where /proc cannot tell (another OS, a process gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(line for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+        ticks = int(fields[19])  # field 22 of stat (starttime): fields[0] here is field 3 (the state)
+    except (OSError, IndexError, StopIteration, ValueError):
+        return None
+    # btime is whole seconds, rounded down: the start found is at most a second early, never late
+    started = datetime.fromtimestamp(int(boot.split()[1]) + ticks / os.sysconf("SC_CLK_TCK"), UTC)
+    return ProcessFacts(fields[0], started)
 
 
 class StreamApply:

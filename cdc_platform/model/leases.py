@@ -8,8 +8,9 @@ of two different batches that share a number: a silent hole. So a source is appl
 one holder, recorded in the ledger's ``leases`` as rows (held / released, heartbeats):
 
 * a holder is **alive** while its newest row says held and either it runs on this host
-  and its process exists (a SIGKILLed apply is replaced at once), or its last heartbeat is
-  younger than ``ttl_s`` (another host: only time tells);
+  and its process exists and started before the holder took the lease (a SIGKILLed apply
+  is replaced at once, also when the kernel has given its pid to a newer process), or its
+  last heartbeat is younger than ``ttl_s`` (another host: only time tells);
 * of the live holders, the one that took the lease **first** holds it; a later one gives
   up with the holder's identity in the error (like a second streaming query on one
   checkpoint).
@@ -66,8 +67,9 @@ class Holder:
         return f"pid {self.pid} on {self.host}, last heard of {(now - self.seen).total_seconds():.0f} s ago"
 
 
-# (host, pid) -> True/False when this host can tell, None when it cannot (another host)
-ProcessCheck = Callable[[str, int], bool | None]
+# (host, pid, when the holder took the lease) -> True/False when this host can tell, None
+# when it cannot (another host)
+ProcessCheck = Callable[[str, int, datetime], bool | None]
 
 
 def live_holders(events: Iterable[LeaseEvent], now: datetime, alive: ProcessCheck, ttl_s: float) -> list[Holder]:
@@ -81,7 +83,7 @@ def live_holders(events: Iterable[LeaseEvent], now: datetime, alive: ProcessChec
     for name, event in newest.items():
         if event.state is not LeaseState.HELD:
             continue
-        local = alive(event.host, event.pid)
+        local = alive(event.host, event.pid, first[name])
         if local is False or (local is None and (now - event.at).total_seconds() > ttl_s):
             continue
         holders.append(Holder(name, event.host, event.pid, first[name], event.at))

@@ -391,13 +391,21 @@ def test_a_source_is_applied_by_the_first_live_holder_only() -> None:
 
     now = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=100)
     this_host = {1: True, 2: False, 3: True}
+    asked: list[tuple[int, datetime]] = []
 
-    def alive(host: str, pid: int) -> bool | None:
+    def alive(host: str, pid: int, taken: datetime) -> bool | None:
+        asked.append((pid, taken))
         return this_host[pid] if host == "h1" else None  # another host: only its heartbeat tells
 
     events = [_lease("a", "held", 10, pid=1), _lease("b", "held", 5, pid=2), _lease("c", "held", 20, pid=3)]
     # b took it first but its process is gone (SIGKILL): a holds it, c is refused
     assert [h.holder for h in live_holders(events, now, alive, ttl_s=60)] == ["a", "c"]
+    # asked with when each took the lease (its first row): a pid reused since is not the holder
+    assert sorted(asked) == sorted((e.pid, e.at) for e in events)
+    renewed = [*events, _lease("a", "held", 40, pid=1)]
+    asked.clear()
+    live_holders(renewed, now, alive, ttl_s=60)
+    assert (1, events[0].at) in asked
     # a released it: c now holds it
     assert [h.holder for h in live_holders([*events, _lease("a", "released", 30, pid=1)], now, alive, 60)] == ["c"]
     # on another host, a holder lives as long as its heartbeats are younger than the TTL
@@ -436,6 +444,39 @@ def test_the_lease_of_a_killed_apply_on_this_host_is_taken_over_at_once(tmp_path
     successor = ApplyLease(ledger, ["apply:shop"])
     successor.acquire()
     assert successor.held
+
+
+def test_the_lease_of_a_killed_apply_whose_pid_another_process_got_is_taken_over(tmp_path: Path) -> None:
+    """Seen in the fault suite: an apply SIGKILLed, its pid then given by the kernel to some
+    other process (the test run starts hundreds), and every restart of the apply refused for
+    minutes ("already applied by another process (pid N, last heard of 630 s ago)"). A
+    process that started after the holder took the lease cannot be the holder."""
+    import socket
+    import uuid
+    from datetime import UTC, datetime, timedelta
+
+    from cdc_platform.lake.apply import ApplyLease
+    from cdc_platform.model.leases import LeaseEvent, LeaseState
+
+    ledger = Ledger(str(tmp_path))
+    host = socket.gethostname()
+    reuser = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        taken = datetime.now(UTC) - timedelta(seconds=60)  # the killed apply took the lease a minute ago
+        ledger.record_lease(LeaseEvent("apply:shop", f"{host}:{reuser.pid}:dead", host, reuser.pid,
+                                       LeaseState.HELD, taken))  # fmt: skip
+        successor = ApplyLease(ledger, ["apply:shop"])
+        successor.acquire()
+        assert successor.held
+        successor.release()
+        # the same pid holding a lease it took after it started is a live apply: refused
+        ledger.record_lease(LeaseEvent("apply:shop", f"{host}:{reuser.pid}:{uuid.uuid4().hex[:8]}", host,
+                                       reuser.pid, LeaseState.HELD, datetime.now(UTC)))  # fmt: skip
+        with pytest.raises(FatalError, match=rf"pid {reuser.pid} on "):
+            ApplyLease(ledger, ["apply:shop"]).acquire()
+    finally:
+        reuser.kill()
+        reuser.wait()
 
 
 def test_a_running_apply_reports_each_changelog_day_and_seals_it_and_idle_tables_stay_fresh(tmp_path: Path) -> None:
