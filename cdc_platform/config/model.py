@@ -108,6 +108,15 @@ class ApplyConfig(_Strict):
     trigger_interval_s: float = Field(
         default=2.0, gt=0, le=3600, description="stream: pause between micro-batches when the topics are idle."
     )
+    min_batch_interval_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=86_400,
+        description="stream, continuous mode: a table's next micro-batch starts no sooner than this after its "
+        "previous one started (Spark's processingTime trigger). 0: as soon as it is done, fresh within seconds. "
+        "Each micro-batch pays a fixed cost of a few Spark jobs and Delta commits, so tables that may lag (or a "
+        "driver shared by hundreds of tables) get fewer, larger batches and a bounded share of the driver.",
+    )
     max_offsets_per_batch: int = Field(
         default=200_000, ge=1000, description="stream: at most this many Kafka offsets per table per micro-batch."
     )

@@ -66,6 +66,15 @@ class Lake:
             frame.write.format("delta").options(**table_options(frame.schema)).save(path)
         return self.spark.read.format("delta").load(path)
 
+    def truth_rows(self, key: str) -> list[Any]:
+        """``truth`` collected: the source's rows as the lake would hold them, read at one
+        instant, without writing them to a Delta table first (tests' small tables)."""
+        from cdc_platform.lake.snapshot import read_plan
+
+        table = self.table(key)
+        with self.source(key).snapshot(table.config, self.kafka, table.topic) as plan:
+            return list(read_plan(self.spark, plan).collect())
+
     def replace_current(self, key: str, change: Callable[[Any], Any]) -> None:
         """Overwrite current with ``change(current)`` (position columns included), as a
         bug in the apply would leave it: for tests that a check or verify finds it."""

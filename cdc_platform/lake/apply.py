@@ -90,7 +90,7 @@ from cdc_platform.model.leases import (
     live_holders,
 )
 from cdc_platform.model.state import CurrentPosition
-from cdc_platform.model.windows import BatchPlan, next_batch_ranges, window_key, window_start
+from cdc_platform.model.windows import BatchPlan, next_batch_due, next_batch_ranges, window_key, window_start
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -391,9 +391,10 @@ class StreamApply:
         never waits for a slower table's); one with nothing new waits ``trigger_interval_s``.
         ``on_pass`` gets what each round of completions applied. Until ``stop`` is set; batches
         in flight are finished first."""
-        interval = self.settings.trigger_interval_s
+        interval, spacing = self.settings.trigger_interval_s, self.settings.min_batch_interval_s
         running: dict[Future[TableApplied | None], str] = {}
         idle_until: dict[str, float] = {}
+        started: dict[str, float] = {}  # when each table's last batch started (min_batch_interval_s)
         committed: dict[str, Generation] = {}
         read_at = -float("inf")
         while not stop.is_set():
@@ -404,16 +405,24 @@ class StreamApply:
             if now - read_at >= interval:  # a generation committed meanwhile is seen within one interval
                 committed, read_at = self.ledger.committed_all(), now
             busy = set(running.values())
+            due = {
+                t.key: next_batch_due(idle_until.get(t.key), started.get(t.key), spacing)
+                for t in self.tables
+                if t.key not in busy
+            }
             for table in self.tables:
                 generation = committed.get(table.key)
-                if table.key in busy or idle_until.get(table.key, 0.0) > now:
+                if table.key in busy or due[table.key] > now:
                     continue
                 if self.health[table.key].ready(generation.generation if generation else None, now):
                     running[self.pool.submit(self._apply_kept, table, generation, None)] = table.key
+                    started[table.key] = now
+            # wake for the next table that falls due, and at least once an interval
+            wake = max(0.05, min([d for d in due.values() if d > now] + [now + interval]) - now)
             if not running:
-                stop.wait(max(0.05, min([*idle_until.values(), now + interval]) - now))
+                stop.wait(wake)
                 continue
-            done, _ = wait(running, timeout=interval, return_when=FIRST_COMPLETED)
+            done, _ = wait(running, timeout=wake, return_when=FIRST_COMPLETED)
             on_pass(self._completed(done, running, idle_until))
         wait(running)
         on_pass(self._completed(set(running), running, idle_until))

@@ -129,6 +129,15 @@ class BatchPlan:
         return WindowPlan(self.key, ranges, reused)
 
 
+def next_batch_due(idle_until: float | None, last_started: float | None, min_interval_s: float) -> float:
+    """When a table's next micro-batch may start (monotonic seconds): after the pause of a
+    table last found idle, and no sooner than ``min_interval_s`` after its previous batch
+    started (Spark's processingTime trigger: a batch that took longer than the interval is
+    followed at once, one that took less waits for the rest of it)."""
+    due = idle_until or 0.0
+    return due if last_started is None else max(due, last_started + min_interval_s)
+
+
 def next_batch_ranges(
     table: str, frontier: Mapping[int, int], watermarks: Mapping[int, tuple[int, int]], max_offsets: int
 ) -> tuple[OffsetRange, ...]:

@@ -25,6 +25,7 @@ from cdc_platform.orchestration.runs import apply_current
 from cdc_platform_tests.chunked import when_half_written
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 from cdc_platform_tests.integration.polling_env import PollingEnv
+from cdc_platform_tests.spark.test_current import assert_same_rows
 
 pytestmark = pytest.mark.integration
 
@@ -89,8 +90,7 @@ class Harness:
 
 def _assert_current_equals_source(spark: Any, harness: Harness) -> None:
     lake = Lake(harness.config, spark)
-    truth, current = lake.truth(harness.table.key), lake.read_current(harness.table.key)
-    assert (truth.exceptAll(current).count(), current.exceptAll(truth).count()) == (0, 0)
+    assert_same_rows(lake.truth_rows(harness.table.key), lake.read_current(harness.table.key).collect())
 
 
 def test_each_trigger_starts_one_generation_and_current_follows(env: CaptureEnv, spark: Any) -> None:

@@ -23,6 +23,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from delta.tables import DeltaTable
 
+from cdc_platform.cli.apply import grouped_tables
 from cdc_platform.devtools.apply_process import KILLED, ApplyProcess
 from cdc_platform.devtools.faults import APPLY_CUTS
 from cdc_platform.devtools.lake import Lake
@@ -67,11 +68,13 @@ def _keys(env: CaptureEnv) -> list[str]:
     return [f"cap.{env.schema}.{t}" for t in env.tables]
 
 
-def _engine(env: CaptureEnv, spark: Any) -> StreamApply:
+def _engine(env: CaptureEnv, spark: Any, groups: list[str] | None = None) -> StreamApply:
+    """The stream apply of the source's tables (of ``groups`` only, as ``--group`` picks them)
+    in this process's Spark: what ``cdc-platform apply`` runs, without a driver of its own."""
     config = env.config
     kafka, ledger = KafkaClients(config.kafka), Ledger(config.lake.root)
     source = open_source(config, "cap", kafka)
-    tables = [lake_table(config, t) for t in config.tables_of("cap")]
+    tables = [lake_table(config, t) for t in grouped_tables(config, ["cap"], groups)]
     return StreamApply(
         spark, ledger, kafka, tables, config.sources["cap"].apply,
         refresh=lambda t: schema_refresh(ledger, source, t.config),
@@ -522,7 +525,12 @@ def test_a_lake_built_by_windows_goes_on_in_the_stream_with_deletion_vectors(env
     assert not any(deletion_vectors(key) for key in keys)
     _changes(env, seed=5, first_id=9000)  # more changes after the switch
     env.run_until_caught_up()
-    assert _apply(env, "--once") == 0
+    # the stream apply in this process's Spark (the CLI's `apply --once` starts a driver of its
+    # own for the same code: the apply cut test's)
+    with _engine(env, spark) as engine:
+        applied = engine.run_until_caught_up()
+        assert [h.error for h in engine.health.values()] == [None, None]
+    assert {a.table for a in applied if a.batch is not None} == set(keys)
     assert all(deletion_vectors(key) for key in keys)
     auto_compact = [properties(p).get("delta.autoOptimize.autoCompact") for key in keys for p in compacted_paths(key)]
     assert auto_compact == ["true"] * len(auto_compact)
@@ -538,7 +546,8 @@ def test_a_scheduled_run_applies_what_is_available_and_reports_each_table(groupe
     everything Kafka holds and stops; the run materializes today's changelog partition of
     each table and observes its current (current is materialized by the run that checks it),
     and a continuous apply holding the source makes it fail. Before it, ``cdc-platform apply
-    --group big`` applies that group's table alone, into hourly changelog partitions."""
+    --group big`` (its tables, applied here in the test's Spark) applies that group's table alone,
+    into hourly changelog partitions."""
     import dagster as dg
 
     from cdc_platform.orchestration.definitions import build_definitions
@@ -552,7 +561,8 @@ def test_a_scheduled_run_applies_what_is_available_and_reports_each_table(groupe
         lake.snapshot(key, "g1")
     _changes(env, seed=22, first_id=3000)
     env.run_until_caught_up()
-    assert _apply(env, "--once", "--group", "big") == 0
+    with _engine(env, spark, groups=["big"]) as big:  # `cdc-platform apply --once --group big`'s tables
+        big.run_until_caught_up()
     assert lake.ledger.batches(lines) and not lake.ledger.batches(items)  # the group's table only
     defs = build_definitions(env.config_path)
     job = defs.resolve_job_def("cap__apply_job")

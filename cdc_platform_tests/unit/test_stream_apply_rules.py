@@ -737,3 +737,65 @@ def test_the_deleted_keys_guard_is_skipped_only_when_every_event_is_newer_than_w
     assert not BatchSummary(10, max_commit=900, min_commit=120).newer_than(500)  # a re-delivered event
     assert not BatchSummary(10, max_commit=900, min_commit=None).newer_than(500)
     assert not BatchSummary(10, max_commit=900, min_commit=501).newer_than(None)  # no position known
+
+
+def test_a_tables_next_batch_waits_out_the_idle_pause_and_the_minimum_interval() -> None:
+    from cdc_platform.model.windows import next_batch_due
+
+    assert next_batch_due(None, None, 30.0) == 0.0  # never applied: at once
+    assert next_batch_due(None, 100.0, 0.0) == 100.0  # no minimum: as soon as the last one is done
+    assert next_batch_due(None, 100.0, 30.0) == 130.0  # 30 s after the last batch started, however short it was
+    assert next_batch_due(105.0, 100.0, 30.0) == 130.0  # idle and spaced: the later of the two
+    assert next_batch_due(140.0, 100.0, 30.0) == 140.0
+
+
+def test_continuous_mode_starts_a_tables_batches_no_closer_than_min_batch_interval(tmp_path: Path) -> None:
+    """``apply.min_batch_interval_s``: every table keeps its own spacing (Spark's
+    processingTime trigger), a batch longer than the spacing is followed at once, and
+    without the setting a table goes again as soon as it is done."""
+    import itertools
+    import threading
+    import time
+
+    from cdc_platform.lake.apply import StreamApply, TableApplied
+    from cdc_platform.lake.tables import lake_table
+
+    text = _config(tmp_path, "    apply: {engine: stream, trigger_interval_s: 0.1, min_batch_interval_s: 0.6}")
+    text.write_text(text.read_text() + "  - name: shop.public.slow\n")
+    config = load_config(text)
+    tables = [lake_table(config, t) for t in config.tables]
+    starts: dict[str, list[float]] = {t.key: [] for t in tables}
+
+    class Timed(StreamApply):  # each table "applies" a batch: 0.05 s, or 1.0 s for the slow one
+        def apply_table(self, table: Any, committed: Any, watermarks: Any) -> TableApplied:
+            starts[table.key].append(time.monotonic())
+            time.sleep(1.0 if table.key.endswith("slow") else 0.05)
+            return TableApplied(table.key, batch=f"b{len(starts[table.key])}")
+
+    def run(settings: Any, seconds: float) -> dict[str, list[float]]:
+        for batches in starts.values():
+            batches.clear()
+        stop = threading.Event()
+        engine = Timed(None, Ledger(str(tmp_path / "lake")), None, tables, settings)  # type: ignore[arg-type]
+        with engine:
+            threading.Timer(seconds, stop.set).start()
+            engine.run_forever(stop)
+        return {k: [b - a for a, b in itertools.pairwise(v)] for k, v in starts.items()}
+
+    spaced = run(config.sources["shop"].apply, 3.1)
+    fast, slow = spaced["shop.public.orders"], spaced["shop.public.slow"]
+    assert 3 <= len(fast) <= 5 and all(gap >= 0.6 for gap in fast), fast  # not every 0.05 s
+    assert slow and all(0.95 <= gap < 1.4 for gap in slow), slow  # longer than the spacing: at once
+    unspaced = run(config.sources["shop"].apply.model_copy(update={"min_batch_interval_s": 0.0}), 1.5)
+    assert len(unspaced["shop.public.orders"]) >= 10, unspaced  # back to back
+
+
+def test_the_apply_command_takes_sources_groups_and_once() -> None:
+    """``cdc-platform apply`` parses what the README documents (the integration tests run
+    the group's tables in their own Spark; the parse is this)."""
+    from cdc_platform.cli.main import build_parser
+
+    args = build_parser().parse_args(["apply", "--source", "shop", "--group", "big", "--group", "small", "--once"])
+    assert (args.source, args.group, args.once) == (["shop"], ["big", "small"], True)
+    whole = build_parser().parse_args(["apply", "--all"])
+    assert (whole.all, whole.group, whole.once) == (True, None, False)
