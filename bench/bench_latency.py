@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import bench_demo_lag
 import bench_lake
@@ -129,8 +131,9 @@ class LatencyRun:
     def apply_streaming(self) -> None:
         """What ``cdc-platform apply`` does: ``run_forever``, each table on its own cadence."""
         settings = ApplyConfig(
-            engine=ApplyEngine.STREAM, trigger_interval_s=self.args.trigger, parallelism=self.args.parallelism
-        )
+            engine=ApplyEngine.STREAM, trigger_interval_s=self.args.trigger, parallelism=self.args.parallelism,
+            min_batch_interval_s=self.args.min_batch_interval,
+        )  # fmt: skip
         tables = [self.lake.table(t.key) for t in self.config.tables]
         writing_until = time.time() + self.args.minutes * 60
         stop = threading.Event()
@@ -195,13 +198,31 @@ class LatencyRun:
             p50, p95 = (bench_demo_lag.weighted_percentile(waits, q) for q in (0.5, 0.95))
             print(f"  estimated from the log     p50 {p50:7.2f} s   p95 {p95:7.2f} s   "
                   f"(bench_demo_lag's estimate from the probe's {len(self.logged)} batch lines)")  # fmt: skip
-        print(f"  driver JVM: {self.gc_seconds():.1f} s in garbage collection over the run")
+        print(f"  driver JVM: {self.gc_seconds():.1f} s in garbage collection over the run, "
+              f"{driver_cpu_seconds():.0f} CPU-s in all")  # fmt: skip
         if self.batches:
             seconds = [d for _, d in self.batches]
             probe = [d for t, d in self.batches if t == self.table.key]
             print(f"  micro-batches: {len(self.batches)} over {len(self.config.tables)} tables (one apply), "
                   f"each p50 {percentile(seconds, 0.5):.2f} s, p95 {percentile(seconds, 0.95):.2f} s; "
                   f"probe table's p50 {percentile(probe or [float('nan')], 0.5):.2f} s")  # fmt: skip
+
+
+def driver_cpu_seconds() -> float:
+    """CPU seconds of this process's Spark driver JVM (its child ``java``), from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if name == "java" and int(fields[1]) == os.getpid():
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
 
 
 def bench_spark(config: PlatformConfig, args: argparse.Namespace) -> SparkConfig:
@@ -257,6 +278,7 @@ def main() -> None:
     parser.add_argument("--demo", action="store_true", help="stream: every demo table at once, under the demo load")
     parser.add_argument("--demo-rate", type=float, default=5.0, help="--demo: the demo workload's transactions/s")
     parser.add_argument("--parallelism", type=int, default=None, help="stream: tables applied at once")
+    parser.add_argument("--min-batch-interval", type=float, default=0.0, help="stream: apply.min_batch_interval_s (s)")
     parser.add_argument("--driver-memory", default=None, help="the driver's heap (default: the apply's)")
     parser.add_argument("--java-options", default="", help="extra driver JVM options (e.g. collector sizing)")
     args = parser.parse_args()
