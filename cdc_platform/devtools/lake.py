@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from cdc_platform.config import PlatformConfig
 from cdc_platform.kafka.clients import KafkaClients
@@ -14,9 +14,11 @@ from cdc_platform.lake.checks import CompletenessInputs, CompletenessReport, che
 from cdc_platform.lake.current import CurrentResult, apply_current
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.schema_registry import schema_refresh
-from cdc_platform.lake.snapshot import GenerationRequest, SnapshotResult, take_generation, wave_history
+from cdc_platform.lake.snapshot import GenerationRequest, SnapshotResult, read_plan, take_generation, wave_history
 from cdc_platform.lake.tables import LakeTable, lake_table, table_options
 from cdc_platform.sources import Source, open_source
+
+T = TypeVar("T")
 
 
 class Lake:
@@ -57,23 +59,21 @@ class Lake:
         """A consistent read of the source as the lake would hold it (not a generation)."""
         import uuid
 
-        from cdc_platform.lake.snapshot import read_plan
-
         path = f"{self.config.lake.root}/_truth/{uuid.uuid4().hex[:8]}"
-        table = self.table(key)
-        with self.source(key).snapshot(table.config, self.kafka, table.topic) as plan:
-            frame = read_plan(self.spark, plan)
-            frame.write.format("delta").options(**table_options(frame.schema)).save(path)
+        self._read_source(
+            key, lambda frame: frame.write.format("delta").options(**table_options(frame.schema)).save(path)
+        )
         return self.spark.read.format("delta").load(path)
 
     def truth_rows(self, key: str) -> list[Any]:
-        """``truth`` collected: the source's rows as the lake would hold them, read at one
-        instant, without writing them to a Delta table first (tests' small tables)."""
-        from cdc_platform.lake.snapshot import read_plan
+        """``truth`` collected, without writing it to a Delta table first (tests' small tables)."""
+        return list(self._read_source(key, lambda frame: frame.collect()))
 
+    def _read_source(self, key: str, use: Callable[[Any], T]) -> T:
+        """``use`` of the source's rows as the lake would hold them, read at one instant."""
         table = self.table(key)
         with self.source(key).snapshot(table.config, self.kafka, table.topic) as plan:
-            return list(read_plan(self.spark, plan).collect())
+            return use(read_plan(self.spark, plan))
 
     def replace_current(self, key: str, change: Callable[[Any], Any]) -> None:
         """Overwrite current with ``change(current)`` (position columns included), as a
