@@ -19,6 +19,11 @@ from cdc_platform.lake.crash_points import APPLY_POINTS
 from cdc_platform.lake.crash_points import ENV as CRASH_POINT_ENV
 
 KILLED = 137  # what a crash point exits with, as a SIGKILLed process's shell status would read
+# How long a freshly started apply may take to log its first batch: a cold driver's start,
+# its first plans and JIT, and a current rebuilt from a generation. A bound on liveness, not
+# on speed: on CI's 2 cores beside two other Spark drivers the first batch of a fresh
+# clone's fault suite took 158 s (2026-12-02), and 180 s failed a run that was only slow.
+FIRST_BATCH_TIMEOUT_S = 360.0
 
 
 class ApplyExited(RuntimeError):
@@ -53,7 +58,7 @@ class ApplyProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def wait_for_batch(self, timeout_s: float = 180.0) -> None:
+    def wait_for_batch(self, timeout_s: float = FIRST_BATCH_TIMEOUT_S) -> None:
         """Until this start logged an applied batch: it reads, decodes and writes by now."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

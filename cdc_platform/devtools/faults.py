@@ -40,7 +40,7 @@ import dagster as dg
 import psycopg
 
 from cdc_platform.config import PlatformConfig, TableConfig, load_config
-from cdc_platform.devtools.apply_process import KILLED, ApplyProcess
+from cdc_platform.devtools.apply_process import FIRST_BATCH_TIMEOUT_S, KILLED, ApplyProcess
 from cdc_platform.devtools.daemon import Daemon
 from cdc_platform.devtools.demo.setup import setup_demo
 from cdc_platform.devtools.demo.workload import ShopWorkload, app_connect
@@ -317,7 +317,7 @@ tables:
             self.apply.kill()
             for cut in APPLY_CUTS if kill == 0 else ():
                 self.apply.start(crash_point=cut)
-                code = self.apply.wait_exit(timeout_s=300)
+                code = self.apply.wait_exit(timeout_s=FIRST_BATCH_TIMEOUT_S)
                 if code != KILLED:
                     raise RuntimeError(f"apply cut at {cut} exited with {code}, not {KILLED}:\n{self.apply.tail()}")
             self.apply.start()
@@ -390,9 +390,10 @@ tables:
         self.workload.running.set()
         return rows, mismatches, dead, balanced, "; ".join(notes)
 
-    def _wait_applied(self, notes: list[str], timeout_s: float = 240.0) -> None:
+    def _wait_applied(self, notes: list[str], timeout_s: float = FIRST_BATCH_TIMEOUT_S + 120.0) -> None:
         """Until the running apply's current stands at the end of every table topic. An apply
-        that ended on its own is a failure of the fault (noted), then started again."""
+        that ended on its own is a failure of the fault (noted), then started again. The
+        bound: a restarted apply's cold first batch, then two more minutes to catch up."""
         config = self.config  # read once: the file does not change while it waits
         kafka, ledger = KafkaClients(config.kafka), Ledger(config.lake.root)
         deadline, behind = time.monotonic() + timeout_s, ["every table"]
