@@ -28,7 +28,7 @@ pytest_plugins = ["cdc_platform_tests.sigterm"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # the stack the tests run against: ``test``, or ``serial`` for the tests that restart its
-# services, which scripts/test.sh runs on a stack of their own beside the others
+# services, which scripts/test.sh runs first, on a stack of their own
 TEST_PROFILE = os.environ.get("CDC_TEST_PROFILE", "test")
 INTEGRATION_DIRS = ("integration", "spark", "dagster")
 SERVICE_FIXTURES = {"stack", "demo_db", "spark", "demo_config_path", "capture_password", "connect"}

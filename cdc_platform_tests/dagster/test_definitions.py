@@ -256,21 +256,24 @@ def test_snapshot_generation_materializes_with_watermark_and_reason(
     assert capture_password.encode() not in stored
 
 
-def test_the_cli_uses_the_config_it_was_given_from_any_directory(demo_db: StackProfile, tmp_path: Path) -> None:
+def test_the_cli_uses_the_config_it_was_given_from_any_directory(
+    demo_db: StackProfile, tmp_path: Path, spark: object, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     """Bug 7: from a directory without ./cdc_platform.yaml, ``--config`` is the config of
-    every command, the Dagster runs included."""
+    every command, the Dagster runs included. The CLI's own entry point, in this process (its
+    runs are in-process Dagster runs on this worker's Spark session, as in a `cdc-platform`
+    process; a cold driver of its own cost the suite about 3 minutes of a worker)."""
+    from cdc_platform.cli.main import main
+
     config = write_config(tmp_path / "conf.yaml", demo_db, "  - name: shop.public.products\n")
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "home").mkdir()
-    result = subprocess.run(
-        [str(Path(sys.executable).parent / "cdc-platform"), "rehydrate", "--all", "--config", str(config)],
-        cwd=tmp_path / "elsewhere",
-        env={**os.environ, "DAGSTER_HOME": str(tmp_path / "home")},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert "shop.public.products: current rebuilt" in result.stdout
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("CDC_PLATFORM_CONFIG", raising=False)
+    code = main(["rehydrate", "--all", "--config", str(config)])
+    out, err = capsys.readouterr()
+    assert code == 0, out[-2000:] + err[-3000:]
+    assert "shop.public.products: current rebuilt" in out
     assert (tmp_path / "lake" / "shop" / "products" / "current" / "_delta_log").is_dir()  # the config's lake

@@ -24,7 +24,7 @@ def test_kraft_cluster_ids_are_random() -> None:
 
 
 def test_no_two_stack_profiles_share_a_port_or_a_directory() -> None:
-    """The test suite's two stacks run at once beside a demo that may be up (scripts/test.sh):
+    """The test suite's two stacks run beside a demo that may be up (scripts/test.sh):
     a port or a data directory in common and one would stop or overwrite another's."""
     from cdc_platform.devtools.stack import PROFILES
 
