@@ -48,8 +48,10 @@ PY
 started_test=0
 started_serial=0
 finish() {
-  [[ "$started_test" == "1" ]] && $V/cdc-platform dev down --profile test >/dev/null
-  [[ "$started_serial" == "1" ]] && $V/cdc-platform dev down --profile serial >/dev/null
+  local status=$?  # the run's: an EXIT trap's last command would otherwise become it
+  if [[ "$started_test" == "1" ]]; then $V/cdc-platform dev down --profile test >/dev/null; fi
+  if [[ "$started_serial" == "1" ]]; then $V/cdc-platform dev down --profile serial >/dev/null; fi
+  return $status
 }
 trap finish EXIT
 rc=0
