@@ -241,8 +241,11 @@ def _ensure_properties(spark: SparkSession, path: str, properties: dict[str, str
 
     if not DeltaTable.isDeltaTable(spark, path):
         return
-    detail = DeltaTable.forPath(spark, path).detail().first()
-    have = (detail["properties"] or {}) if detail is not None else {}
+    # SHOW TBLPROPERTIES reads the table's metadata alone; DESCRIBE DETAIL also sums its files,
+    # a Spark job over the whole state of a table the rebuild has just rewritten (~0.55 s a
+    # table against ~0.03 s, on a warm local driver)
+    shown = spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()
+    have = {str(r["key"]): str(r["value"]) for r in shown}
     missing = {k: v for k, v in properties.items() if have.get(k) != v}
     if missing:
         settings = ", ".join(f"'{k}' = '{v}'" for k, v in sorted(missing.items()))
