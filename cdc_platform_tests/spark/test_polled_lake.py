@@ -19,7 +19,9 @@ from cdc_platform.devtools.lake import Lake
 from cdc_platform.devtools.stack import StackProfile
 from cdc_platform.lake.verify import VerifyContext, verify_table
 from cdc_platform.sources import open_source
-from cdc_platform.sources.mysql.poller import PollingCapture
+from cdc_platform.sources.mysql.connection import CLOCK_SQL
+from cdc_platform.sources.mysql.poller import CAUGHT_UP_EVERY_NS
+from cdc_platform.sources.mysql.source import MysqlConnector
 from cdc_platform_tests.cases.mysql_types import MYSQL_EDGE_CASES, MYSQL_TYPE_CASES, type_cases_ddl
 from cdc_platform_tests.integration.polling_env import PollingEnv, make_polling_env
 
@@ -409,10 +411,11 @@ def test_a_change_the_cursor_passed_over_fails_completeness(env: PollingEnv, spa
 
     def completeness_while_polling() -> CompletenessReport:
         poller = env.poller(until_caught_up=False)
+        poller.preflight()  # started, not yet polled: a check reading now must wait for its first poll
+        assert "is it running?" in _wait_for_a_poll_after_now(env, deadline_s=1.0)
         running = threading.Thread(target=poller.run, daemon=True)
         running.start()
         try:
-            _wait_until_prepared(poller)  # a user's check may run as soon as the poller started
             stored = open_source(env.config, env.source).stored_cursors()
             assert not stored[key].stopped, "a started poller still looks exited to a waiting check"
             return lake.completeness(key)
@@ -420,6 +423,9 @@ def test_a_change_the_cursor_passed_over_fails_completeness(env: PollingEnv, spa
             poller.stop()
             running.join(30)
 
+    # a poller started after a silence longer than a dead poller's (a quiet hour, a redeploy)
+    # is alive before its first full read: the check must wait for that read, not give up
+    _wait_past_the_silence_of_a_dead_poller(env, key)
     report = completeness_while_polling()
     assert report.compared and not report.passed, report.compare_note
     assert (report.differing, report.missing, report.extra, report.deleted_in_source) == (1, 0, 0, 1), report.sample
@@ -432,8 +438,23 @@ def test_a_change_the_cursor_passed_over_fails_completeness(env: PollingEnv, spa
     assert "the poller stopped (its cursors say so)" in keys_only.compare_note, keys_only.compare_note
 
 
-def _wait_until_prepared(poller: PollingCapture, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not poller.tables:
-        assert time.monotonic() < deadline, "the poller did not finish its preflight"
-        time.sleep(0.05)
+def _wait_past_the_silence_of_a_dead_poller(env: PollingEnv, key: str) -> None:
+    source = open_source(env.config, env.source)
+    assert isinstance(source, MysqlConnector)
+    silent_ns = CAUGHT_UP_EVERY_NS + 3 * int(source.endpoint.config.poll_interval_s * 1e9) + 10**9
+    last_read_at = source.stored_cursors()[key].caught_up_at
+    now_ns = _database_clock_ns(env)
+    time.sleep(max(0.0, (last_read_at + silent_ns - now_ns) / 1e9))
+
+
+def _database_clock_ns(env: PollingEnv) -> int:
+    with env.db() as db:
+        db.execute(CLOCK_SQL)
+        return int(db.fetchone()[0]) * 1000
+
+
+def _wait_for_a_poll_after_now(env: PollingEnv, deadline_s: float) -> str:
+    """What a check that read the source now hears while it waits for the poller."""
+    now_ns = _database_clock_ns(env)
+    source = open_source(env.config, env.source)
+    return source.wait_until_captured(now_ns, time.monotonic() + deadline_s, stop_when_unread=True)

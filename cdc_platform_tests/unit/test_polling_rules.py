@@ -224,10 +224,15 @@ def test_a_check_waiting_for_the_poller_answers_at_once_when_nothing_polls(
 
 def test_a_running_poller_is_waited_for_and_verify_waits_its_whole_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     """A poller that read to the end 20 s before the read (a quiet table, within 10 s plus
-    three 5 s polls) is running: the check waits for it, up to its deadline. And verify,
+    three 5 s polls) is running, and so is one that started within that span and has not
+    read to the end yet: the check waits for them, up to its deadline. And verify,
     which does not stop early, waits for a stopped poller too (it may be restarting)."""
     recent = TableCursor("timestamp", caught_up_at=READ_AT_NS - 20 * SECOND_NS)
     source = _waiting_source(monkeypatch, {"crm.crm.accounts": recent})
+    assert "since the source was read" in source.wait_until_captured(READ_AT_NS, time.monotonic() - 1, True)
+    # started a second before the read, after an hour without a poller: its first poll is coming
+    started = TableCursor("timestamp", caught_up_at=READ_AT_NS - 3600 * SECOND_NS, started_at=READ_AT_NS - SECOND_NS)
+    source = _waiting_source(monkeypatch, {"crm.crm.accounts": started})
     assert "since the source was read" in source.wait_until_captured(READ_AT_NS, time.monotonic() - 1, True)
     stopped = TableCursor("timestamp", caught_up_at=READ_AT_NS - 60 * SECOND_NS, stopped=True)
     source = _waiting_source(monkeypatch, {"crm.crm.accounts": stopped})

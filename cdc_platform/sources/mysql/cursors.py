@@ -28,6 +28,13 @@ class TableCursor:
     caught_up_at: int = 0
     committed_at: str | None = None
     stopped: bool = False  # written by a poller as it exited: no poll follows until one starts
+    # database clock (ns) when the latest poller started: alive from then on, before its
+    # first read to the end (a check must not take a poller just started for a dead one)
+    started_at: int = 0
+
+    def alive_at(self) -> int:
+        """The latest database time a poller was seen running for this table."""
+        return max(self.caught_up_at, self.started_at)
 
     def describe(self) -> str:
         parts = [f"{k}={v}" for k, v in (("timestamp", self.timestamp), ("incrementing", self.incrementing)) if v]

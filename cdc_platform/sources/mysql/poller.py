@@ -129,19 +129,22 @@ class PollingCapture:
         conn = endpoint.connect("poll")
         try:
             tables = [self._prepare(conn, t, stored.get(t.key)) for t in endpoint.tables]
+            started_at = database_clock_ns(conn)
         except pymysql.err.MySQLError as exc:
             raise endpoint.classify(exc) from None
         finally:
             conn.close()
-        self._record_running([t for t in tables if t.cursor.stopped])
+        self._record_running(tables, started_at)
         self.tables = tables
 
-    def _record_running(self, tables: list[PolledTable]) -> None:
-        """Clear the stopped mark a previous poller left, before the first poll: a check
-        waiting for the next poll would otherwise take this running poller for an exited
-        one until a quiet table's next cursor, up to ``CAUGHT_UP_EVERY_NS`` later."""
+    def _record_running(self, tables: list[PolledTable], started_at: int) -> None:
+        """Each cursor again, not stopped and with this poller's start, before the first
+        poll: a check waiting for the next poll would otherwise take this running poller
+        for an exited one (a previous poller's stopped mark) or a dead one (no read to the
+        end for longer than a running poller leaves) until its first read to the end."""
         producer = self.kafka.producer()
         for table in tables:
+            table.cursor.started_at = started_at
             self._commit_cursor(producer, table, table.cursor)
             table.cursor.stopped = False
 

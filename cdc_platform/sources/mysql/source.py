@@ -116,8 +116,9 @@ class MysqlConnector(Source):
         """A poll that began after ``position`` read the table to the end. With
         ``stop_when_unread``, no use waiting when nothing polls: a poller that exited marks
         its cursors stopped, and a running one records reading to the end at least every
-        ``CAUGHT_UP_EVERY_NS`` (a quiet table) plus a poll interval, so no such record in
-        that span, three polls over, before ``position`` means one that died."""
+        ``CAUGHT_UP_EVERY_NS`` (a quiet table) plus a poll interval from the time it
+        started, so no such record in that span, three polls over, before ``position``
+        means one that died."""
         silent_ns = CAUGHT_UP_EVERY_NS + 3 * int(self.endpoint.config.poll_interval_s * 1_000_000_000)
         start = f"start it: cdc-platform capture run --source {self.name}"
         while True:
@@ -127,7 +128,7 @@ class MysqlConnector(Source):
                 return ""
             if stop_when_unread and cursors and all(c.stopped for c in cursors.values()):
                 return f"the poller stopped (its cursors say so) before it read the table to the end; {start}"
-            newest = max((c.caught_up_at for c in cursors.values()), default=0)
+            newest = max((c.alive_at() for c in cursors.values()), default=0)
             if stop_when_unread and position - newest > silent_ns:
                 since = f"for {(position - newest) // 10**9} s" if newest else "yet"
                 return f"the poller has not read a table to the end {since}; {start}"
