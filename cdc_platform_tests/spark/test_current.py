@@ -175,3 +175,42 @@ def test_a_stale_event_after_a_delete_does_not_bring_the_row_back(spark: Any, tm
     assert apply([("c", 1, 1, 100)]) == {10}  # the insert again, alone
     assert apply([("c", 2, 5, 400)]) == {10, 2}  # only new events: the check is skipped
     assert apply([("c", 1, 7, 500)]) == {10, 2, 1}  # a real re-insert after the delete comes back
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["small current", "big current: the batch's keys listed"])
+def test_a_batch_merges_the_same_whether_its_keys_are_listed_in_the_merge(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, big: bool
+) -> None:
+    """Into a big current the MERGE's condition also lists the batch's keys (Spark then
+    drops current's other rows before the MERGE's join, Delta skips files outside them).
+    The key match implies it, so updates, deletes, inserts, several events of one key and
+    a batch re-sent after capture restarted land as they do without it."""
+    from delta.tables import DeltaTable
+
+    from cdc_platform.lake import current
+    from cdc_platform_tests.spark.synthetic import StreamedTable
+
+    monkeypatch.setattr(current, "KEY_FILTER_MIN_ROWS", 0 if big else 10**12)
+    table = StreamedTable(spark, tmp_path, rows=[(k, k) for k in range(1, 21)])
+    current.apply_current(spark, table.ledger, table.table)
+
+    def apply(events: list[tuple[str, int, int, int]]) -> list[tuple[int, int]]:
+        """Current's rows after the batch, every one (a key matched by mistake would be twice)."""
+        frame = table.events(events).cache()
+        position = table.ledger.current(table.table.key)
+        committed = table.ledger.committed(table.table.key)
+        assert position is not None and committed is not None
+        frontier = {0: position.frontier.get(0, 0) + len(events)}
+        current.apply_decoded(
+            spark, table.ledger, table.table, committed, position, frame, current.summarize(frame), frontier
+        )
+        frame.unpersist()
+        return sorted((r["id"], r["v"]) for r in spark.read.format("delta").load(table.table.current_path).collect())
+
+    batch = [("u", 3, 33, 100), ("d", 5, 5, 110), ("c", 30, 300, 120), ("u", 9, 90, 130), ("u", 9, 91, 140)]
+    expected = {k: k for k in range(1, 21) if k != 5} | {3: 33, 9: 91, 30: 300}
+    assert apply(batch) == sorted(expected.items())
+    re_sent = apply([*batch, ("u", 12, 120, 150)])  # re-sent, then one new event
+    assert re_sent == sorted((expected | {12: 120}).items())
+    predicate = DeltaTable.forPath(spark, table.table.current_path).history(1).first()["operationParameters"]
+    assert ("IN (3,5,9,12,30)" in predicate["predicate"]) is big, predicate
