@@ -447,13 +447,18 @@ def _merge(
     if guard:
         latest = _not_deleted_later(spark, table, latest, keys)
     key_filter = _target_key_filter(latest, keys) if (current_rows or 0) >= KEY_FILTER_MIN_ROWS else ""
-    metrics = _merge_latest(target, latest, keys, columns, key_filter)
+    # The deleted keys are appended while the MERGE runs: another table, and nothing the
+    # guard above reads can change by it (a key is remembered only where its latest event
+    # is the delete, and a delete is never dropped). Leaving the pool waits for both.
+    with ThreadPoolExecutor(1, "deletes") as pool:
+        remembered = pool.submit(_remember_deletes, table, latest, keys) if summary.deletes else None
+        metrics = _merge_latest(target, latest, keys, columns, key_filter)
+    if remembered is not None:
+        remembered.result()
     if summary.truncate is None:
         rows_delta: int | None = int(metrics["num_inserted_rows"]) - int(metrics["num_deleted_rows"])
     else:
         rows_delta = None
-    if summary.deletes:
-        _remember_deletes(table, latest, keys)
     return _Batch(summary.changes, summary.max_commit, summary.max_ts, rows_delta)
 
 
