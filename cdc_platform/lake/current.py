@@ -444,9 +444,10 @@ def _merge(
     if summary.truncate is not None:
         batch = _truncate(target, batch, *summary.truncate)
     latest = _latest_per_key(batch.where(F.col("op") != "t"), keys, columns)
+    # the keys before the guard's join with the deletes table: a superset is as exact
+    key_filter = _target_key_filter(latest, keys) if (current_rows or 0) >= KEY_FILTER_MIN_ROWS else ""
     if guard:
         latest = _not_deleted_later(spark, table, latest, keys)
-    key_filter = _target_key_filter(latest, keys) if (current_rows or 0) >= KEY_FILTER_MIN_ROWS else ""
     # The deleted keys are appended while the MERGE runs: another table, and nothing the
     # guard above reads can change by it (a key is remembered only where its latest event
     # is the delete, and a delete is never dropped). Leaving the pool waits for both.
