@@ -72,11 +72,13 @@ DELETION_VECTORS = {"delta.enableDeletionVectors": "true"}
 # have piled up.
 AUTO_COMPACT = {"delta.autoOptimize.autoCompact": "true"}
 # A batch's keys are listed in the MERGE's condition (``_target_key_filter``) once current
-# is this big: 10k random changes into 10M rows 8.1 -> 5.6 s, into 3M rows 4.5 -> 4.1 s,
+# is this big: 10k random changes into 10M rows 8.1 -> 5.6 s, into 3M rows 5.0 -> 4.1 s,
 # and no gain at 1M rows, where one more job costs what the filter saves
-# (docs/benchmarks.md, "Current-state merge").
+# (docs/benchmarks.md, "Current-state merge"). Up to this many keys: Spark plans a long IN
+# list slowly, and Delta plans the condition many times (into 10M rows, 10k keys 7.6 -> 6.6 s,
+# 20k 7.4 -> 8.0 s, 30k 7.6 -> 9.0 s, 100k 9.2 -> 15.6 s).
 KEY_FILTER_MIN_ROWS = 2_000_000
-KEY_FILTER_MAX_KEYS = 100_000
+KEY_FILTER_MAX_KEYS = 10_000
 
 
 @dataclass
