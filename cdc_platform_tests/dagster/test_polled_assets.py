@@ -39,13 +39,17 @@ def env(stack: Any, tmp_path: Path) -> Iterator[PollingEnv]:
         yield env
 
 
-def _check(instance: dg.DagsterInstance, table: Any, name: str) -> tuple[str, dict[str, Any], Any]:
+def _evaluation(instance: dg.DagsterInstance, table: Any, name: str) -> tuple[str, Any]:
     key = dg.AssetCheckKey(current_asset_key(table), name)
     record = instance.event_log_storage.get_latest_asset_check_execution_by_key([key])[key]
     assert record.event is not None and record.event.dagster_event is not None
-    evaluation = record.event.dagster_event.event_specific_data
+    return record.status.value, record.event.dagster_event.event_specific_data
+
+
+def _check(instance: dg.DagsterInstance, table: Any, name: str) -> tuple[str, dict[str, Any], Any]:
+    status, evaluation = _evaluation(instance, table, name)
     metadata = {k: v.value for k, v in evaluation.metadata.items()}
-    return record.status.value, metadata, evaluation.severity
+    return status, metadata, evaluation.severity
 
 
 def _live(env: PollingEnv) -> dict[int, tuple[str, str]]:
@@ -70,9 +74,17 @@ def test_polled_table_assets_checks_and_reconciliation(
         assert observation["rows"] == 20 and observation["poll_rows_published"] == 20
         assert observation["key_columns"] == "id"
         h.execute(h.expect("bootstrap"))
+        # no poller running: no poll after the check's read can confirm it, so rows are not
+        # compared, and a check that did not verify current warns (keys alone would pass)
         assert h.current()
+        status, evaluation = _evaluation(instance, h.table, COMPLETENESS_CHECK)
+        assert (status, evaluation.severity) == ("FAILED", dg.AssetCheckSeverity.WARN)
+        assert "rows not compared: the poller stopped" in evaluation.description, evaluation.description
+        assert "cdc-platform capture run --source crm" in evaluation.description
+        with env.running_poller():
+            assert h.current()
         status, metadata, _ = _check(instance, h.table, COMPLETENESS_CHECK)
-        assert (status, metadata["deleted_in_source"]) == ("SUCCEEDED", 0)
+        assert (status, metadata["deleted_in_source"], metadata["reconciled"]) == ("SUCCEEDED", 0, True)
         # a soft delete, an update and two hard deletes, through polling and one window
         start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
         with env.db() as db:
@@ -82,7 +94,8 @@ def test_polled_table_assets_checks_and_reconciliation(
         env.poll()
         time.sleep(1.1)
         Lake(h.config, spark).window(h.table.key, start, datetime.now(UTC).replace(microsecond=0))
-        assert h.current()
+        with env.running_poller():
+            assert h.current()
         status, metadata, severity = _check(instance, h.table, COMPLETENESS_CHECK)
         assert (status, metadata["deleted_in_source"], severity) == ("FAILED", 2, dg.AssetCheckSeverity.WARN)
         assert _check(instance, h.table, KEYS_CHECK)[0] == "SUCCEEDED"
@@ -92,7 +105,8 @@ def test_polled_table_assets_checks_and_reconciliation(
         monkeypatch.setattr("cdc_platform.orchestration.sensors.rehydration.utc_now", lambda: later)
         h.execute(h.expect("reconciliation"))
         monkeypatch.undo()
-        assert h.current()
+        with env.running_poller():
+            assert h.current()
         current = Lake(h.config, spark).read_current(h.table.key)
         assert {r["id"]: (r["email"], r["plan"]) for r in current.collect()} == _live(env)
         status, metadata, _ = _check(instance, h.table, COMPLETENESS_CHECK)

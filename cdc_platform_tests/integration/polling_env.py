@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -79,6 +80,20 @@ tables:
     @property
     def offsets_topic(self) -> str:
         return f"__cdc-offsets.{self.prefix}"
+
+    @contextmanager
+    def running_poller(self) -> Iterator[PollingCapture]:
+        """The poller running in a thread for the block, as a user runs it beside the checks
+        (they compare rows only once a poll after their read of the source confirms it)."""
+        poller = self.poller(until_caught_up=False)
+        poller.preflight()  # its start is recorded before the block: a check may run at once
+        worker = threading.Thread(target=poller.run, daemon=True)
+        worker.start()
+        try:
+            yield poller
+        finally:
+            poller.stop()
+            worker.join(60)
 
     def poll(self) -> PollingCapture:
         poller = self.poller()

@@ -616,11 +616,12 @@ def _the_ten_minute_run_checks_a_streamed_current(env: CaptureEnv, defs: Any, in
 
     current = current_asset_key(env.config.table(key))
     job = dg.define_asset_job("check_current", selection=dg.AssetSelection.assets(current))
-    run = (
-        dg.Definitions.merge(defs, dg.Definitions(jobs=[job]))
-        .resolve_job_def("check_current")
-        .execute_in_process(instance=instance, raise_on_error=False)
-    )
+    with env.running_capture():  # as a user runs it: the row comparison needs capture to confirm its read
+        run = (
+            dg.Definitions.merge(defs, dg.Definitions(jobs=[job]))
+            .resolve_job_def("check_current")
+            .execute_in_process(instance=instance, raise_on_error=False)
+        )
     assert run.success
     assert [e.asset_key for e in run.get_asset_materialization_events()] == [current]
     verdicts = {e.check_name: e.passed for e in run.get_asset_check_evaluations()}

@@ -330,11 +330,15 @@ class CurrentStep:
         )
         # rows a polled source hard-deleted: a warning, fixed by the next reconciliation generation
         hard_deleted = completeness.passed and completeness.deleted_in_source > 0
+        # rows not compared (capture not running, the in-flight span over its cap): current is
+        # not verified, so a warning that says why, never a pass (keys alone pass a changed row)
+        unverified = completeness.passed and not completeness.compared
         description = completeness.description(self.table.key, polled=not self.source.capabilities.sees_hard_deletes)
+        if unverified:
+            description = "; ".join(filter(None, [description, completeness.compare_note]))
         metadata = completeness_check_metadata(completeness, result.dropped_by_generation)
-        yield self._check(
-            COMPLETENESS_CHECK, completeness.passed and not hard_deleted, metadata, description, hard_deleted
-        )
+        warn = hard_deleted or unverified
+        yield self._check(COMPLETENESS_CHECK, completeness.passed and not warn, metadata, description, warn)
         if self.table.config.history:
             yield self.history_check(table_schema)
             yield self.history_chain_check(table_schema)
