@@ -784,7 +784,9 @@ def test_continuous_mode_starts_a_tables_batches_no_closer_than_min_batch_interv
 
     spaced = run(config.sources["shop"].apply, 3.1)
     fast, slow = spaced["shop.public.orders"], spaced["shop.public.slow"]
-    assert 3 <= len(fast) <= 5 and all(gap >= 0.6 for gap in fast), fast  # not every 0.05 s
+    # not every 0.05 s. The engine spaces the moments it submits a batch; this stamp is taken
+    # in the pool's thread a moment later, so two stamps may be closer by that jitter (0.3 ms seen)
+    assert 3 <= len(fast) <= 5 and all(gap >= 0.6 - 0.02 for gap in fast), fast
     assert slow and all(0.95 <= gap < 1.4 for gap in slow), slow  # longer than the spacing: at once
     unspaced = run(config.sources["shop"].apply.model_copy(update={"min_batch_interval_s": 0.0}), 1.5)
     assert len(unspaced["shop.public.orders"]) >= 10, unspaced  # back to back
