@@ -8,11 +8,9 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +22,11 @@ from cdc_platform.devtools.screenshot import capture_page
 from cdc_platform.orchestration.runs import apply_current, start_generations
 from cdc_platform.sources import CaptureSettings, open_source
 from cdc_platform_tests.conftest import REPO_ROOT, write_config
+from cdc_platform_tests.integration.capture_env import running_in_thread
 
 # the shop source's fixed slot (cdc_shop) and the demo tables: these files take turns on one
 # worker (scripts/test.sh), and no other test touches them
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("demo_tables")]
-
-
-@contextmanager
-def _running_capture(config: Any) -> Iterator[None]:
-    """The shop source's capture streaming in a thread for the block, as the demo runs it."""
-    capture = open_source(config, "shop").capture(CaptureSettings(status_interval_s=1))
-    worker = threading.Thread(target=capture.run, daemon=True)
-    worker.start()
-    try:
-        yield
-    finally:
-        capture.stop()
-        worker.join(timeout=60)
 
 
 def _free_port() -> int:
@@ -63,7 +49,8 @@ def ui(demo_db: Any, spark: Any, tmp_path: Path) -> Iterator[tuple[str, Path]]:
         instance = dg.DagsterInstance.get()
         [run] = start_generations(config_path, config.tables, reason="bootstrap", instance=instance)
         assert run.success
-        with _running_capture(config):  # its checks compare rows once capture confirms their read
+        shop = open_source(config, "shop").capture(CaptureSettings(status_interval_s=1))
+        with running_in_thread(shop):  # its checks compare rows once capture confirms their read
             assert all(ok for _, ok, _ in apply_current(config_path, config.tables, instance))
     finally:
         if session_home is None:

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from confluent_kafka import Consumer, TopicPartition
@@ -23,6 +23,7 @@ from cdc_platform.config import PlatformConfig, load_config
 from cdc_platform.devtools.stack import StackProfile
 from cdc_platform.devtools.stack.postgres import APP_ROLE, CAPTURE_ROLE, PASSWORD_ENVS, LocalPostgres
 from cdc_platform.sources import CaptureSettings, open_source
+from cdc_platform.sources.base import Capture
 from cdc_platform.sources.postgres.slot import drop_slot
 from cdc_platform.sources.postgres.stream import CaptureStats, PostgresCapture
 
@@ -55,6 +56,22 @@ class Message:
         """Source order: (commit LSN, change LSN) from source.sequence, then Kafka offset."""
         commit, change = json.loads(self.envelope["source"]["sequence"])
         return int(commit), int(change), self.offset
+
+
+CaptureT = TypeVar("CaptureT", bound=Capture)
+
+
+@contextmanager
+def running_in_thread(capture: CaptureT) -> Iterator[CaptureT]:
+    """``capture`` (a stream or a poller) running in a thread for the block, as the
+    long-running process runs it beside the checks; stopped and joined after it."""
+    worker = threading.Thread(target=capture.run, daemon=True)
+    worker.start()
+    try:
+        yield capture
+    finally:
+        capture.stop()
+        worker.join(timeout=60)
 
 
 @dataclass
@@ -98,17 +115,11 @@ class CaptureEnv:
     @contextmanager
     def running_capture(self) -> Iterator[PostgresCapture]:
         """Capture streaming in a thread (its slot active) for the duration of the block."""
-        capture = self.capture(status_interval_s=1)
-        worker = threading.Thread(target=capture.run, daemon=True)
-        worker.start()
-        try:
+        with running_in_thread(self.capture(status_interval_s=1)) as capture:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and self.slot_active_pid() is None:
                 time.sleep(0.2)
             yield capture
-        finally:
-            capture.stop()
-            worker.join(timeout=60)
 
     def slot_active_pid(self) -> int | None:
         with self.admin() as admin:

@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from cdc_platform.devtools.stack.mariadb import POLL_ROLE, LocalMariaDB
 from cdc_platform.devtools.stack.stack import stack_env
 from cdc_platform.sources import CaptureSettings, open_source
 from cdc_platform.sources.mysql.poller import PollingCapture
-from cdc_platform_tests.integration.capture_env import Message, consume_topics
+from cdc_platform_tests.integration.capture_env import Message, consume_topics, running_in_thread
 
 
 @dataclass
@@ -82,18 +81,15 @@ tables:
         return f"__cdc-offsets.{self.prefix}"
 
     @contextmanager
-    def running_poller(self) -> Iterator[PollingCapture]:
+    def running_poller(self, before_polling: Callable[[], None] = lambda: None) -> Iterator[PollingCapture]:
         """The poller running in a thread for the block, as a user runs it beside the checks
-        (they compare rows only once a poll after their read of the source confirms it)."""
+        (they compare rows only once a poll after their read of the source confirms it).
+        ``before_polling`` runs once its start is recorded, before its first poll."""
         poller = self.poller(until_caught_up=False)
         poller.preflight()  # its start is recorded before the block: a check may run at once
-        worker = threading.Thread(target=poller.run, daemon=True)
-        worker.start()
-        try:
+        before_polling()
+        with running_in_thread(poller):
             yield poller
-        finally:
-            poller.stop()
-            worker.join(60)
 
     def poll(self) -> PollingCapture:
         poller = self.poller()

@@ -48,13 +48,15 @@ class StreamedTable:
         )
         self.offset = 0
 
-    def events(self, events: list[tuple[str, int, int, int]]) -> Any:
-        """(op, id, v, commit position) as changelog rows, at the next Kafka offsets."""
+    def events(self, events: list[tuple[str, int, int, int]], toasted: frozenset[int] = frozenset()) -> Any:
+        """(op, id, v, commit position) as changelog rows, at the next Kafka offsets. The
+        events at the indexes in ``toasted`` do not carry ``v`` (an unchanged TOASTed value:
+        NULL in the image, listed as unavailable)."""
         rows = []
-        for op, key, value, commit in events:
-            image = {"id": key, "v": value}
+        for i, (op, key, value, commit) in enumerate(events):
+            image = {"id": key, "v": None if i in toasted else value}
             before, after = (image, None) if op == "d" else (None, image)
-            rows.append((0, self.offset, op, commit, commit, before, after))
+            rows.append((0, self.offset, op, commit, commit, before, after, ["v"] if i in toasted else []))
             self.offset += 1
         return self.spark.createDataFrame(
             [
@@ -71,10 +73,10 @@ class StreamedTable:
                     "key_json": None,
                     "before": b,
                     "after": a,
-                    "unavailable": [],
+                    "unavailable": unavailable,
                     "window_start": "w",
                 }
-                for p, o, op, c, lsn, b, a in rows
+                for p, o, op, c, lsn, b, a, unavailable in rows
             ],
             "kafka_partition int, kafka_offset long, kafka_timestamp timestamp, op string, is_tombstone boolean, "
             f"commit_lsn long, lsn long, tx_id long, source_ts timestamp, key_json string, before {ROW}, "

@@ -214,3 +214,31 @@ def test_a_batch_merges_the_same_whether_its_keys_are_listed_in_the_merge(
     assert re_sent == sorted((expected | {12: 120}).items())
     predicate = DeltaTable.forPath(spark, table.table.current_path).history(1).first()["operationParameters"]
     assert ("IN (3,5,9,12,30)" in predicate["predicate"]) is big, predicate
+
+
+def test_a_value_no_event_of_the_batch_carried_stays_as_current_has_it(spark: Any, tmp_path: Path) -> None:
+    """An update that does not resend an unchanged TOASTed value keeps current's, also in a
+    batch of full images otherwise, and a later event that carries it again replaces it."""
+    from cdc_platform.lake import current
+    from cdc_platform_tests.spark.synthetic import StreamedTable
+
+    table = StreamedTable(spark, tmp_path, rows=[(k, k) for k in range(1, 11)])
+    current.apply_current(spark, table.ledger, table.table)
+
+    def apply(events: list[tuple[str, int, int, int]], toasted: frozenset[int] = frozenset()) -> dict[int, int]:
+        frame = table.events(events, toasted).cache()
+        summary = current.summarize(frame)
+        position = table.ledger.current(table.table.key)
+        committed = table.ledger.committed(table.table.key)
+        assert position is not None and committed is not None
+        frontier = {0: position.frontier.get(0, 0) + len(events)}
+        current.apply_decoded(spark, table.ledger, table.table, committed, position, frame, summary, frontier)
+        frame.unpersist()
+        return {r["id"]: r["v"] for r in spark.read.format("delta").load(table.table.current_path).collect()}
+
+    expected = {k: k for k in range(1, 11)}
+    # key 3's update does not carry v; key 6 carries it, then an update that does not
+    after = apply([("u", 3, 0, 100), ("u", 4, 44, 110), ("u", 6, 66, 120), ("u", 6, 0, 130)], frozenset({0, 3}))
+    assert after == expected | {4: 44, 6: 66}
+    full = apply([("u", 3, 33, 140), ("c", 20, 200, 150), ("u", 6, 67, 160)])
+    assert full == expected | {3: 33, 4: 44, 6: 67, 20: 200}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -146,15 +145,9 @@ def test_hard_deletes_are_reported_and_a_reconciliation_generation_drops_them(en
     # delete shows as a row only current has
     with env.db() as db:
         db.execute("DELETE FROM accounts WHERE id = 14")
-    poller = env.poller(until_caught_up=False)
-    running = threading.Thread(target=poller.run, daemon=True)
-    running.start()
-    try:
+    with env.running_poller():
         ctx = VerifyContext(spark, lake.ledger, lake.source(key), lake.kafka)
         verdict = verify_table(ctx, lake.table(key), timeout_s=60, rounds=1)
-    finally:
-        poller.stop()
-        running.join(30)
     assert (verdict.note, verdict.missing, verdict.mismatches, verdict.extra) == ("", 0, 0, 1)
     assert verdict.sample == ['extra {"id": 14}']
 
@@ -409,19 +402,14 @@ def test_a_change_the_cursor_passed_over_fails_completeness(env: PollingEnv, spa
     with env.db() as db:
         db.execute("DELETE FROM accounts WHERE id = 9")  # a hard delete: a warning, as before
 
-    def completeness_while_polling() -> CompletenessReport:
-        poller = env.poller(until_caught_up=False)
-        poller.preflight()  # started, not yet polled: a check reading now must wait for its first poll
+    def started_not_yet_polled() -> None:  # a check reading now must wait for its first poll
         assert "is it running?" in _wait_for_a_poll_after_now(env, deadline_s=1.0)
-        running = threading.Thread(target=poller.run, daemon=True)
-        running.start()
-        try:
+
+    def completeness_while_polling() -> CompletenessReport:
+        with env.running_poller(before_polling=started_not_yet_polled):
             stored = open_source(env.config, env.source).stored_cursors()
             assert not stored[key].stopped, "a started poller still looks exited to a waiting check"
             return lake.completeness(key)
-        finally:
-            poller.stop()
-            running.join(30)
 
     # a poller started after a silence longer than a dead poller's (a quiet hour, a redeploy)
     # is alive before its first full read: the check must wait for that read, not give up
