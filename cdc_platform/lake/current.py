@@ -45,6 +45,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.lake.crash_points import crash_point
+from cdc_platform.lake.driver_merge import merge_in_driver, merges_in_driver
 from cdc_platform.lake.history import HistoryResult, apply_history, ensure_history_table, snapshot_events
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
@@ -450,6 +451,10 @@ def _merge(
     key_filter = _target_key_filter(latest, keys) if (current_rows or 0) >= KEY_FILTER_MIN_ROWS else ""
     if guard:
         latest = _not_deleted_later(spark, table, latest, keys)
+    in_driver = merges_in_driver(table, current_rows, summary.changes, summary.truncate is not None, [*keys, *columns])
+    driver = merge_in_driver(table, latest, keys, columns, summary.deletes > 0) if in_driver else None
+    if driver is not None:
+        return _Batch(summary.changes, summary.max_commit, summary.max_ts, driver.inserted - driver.deleted)
     # The deleted keys are appended while the MERGE runs: another table, and nothing the
     # guard above reads can change by it (a key is remembered only where its latest event
     # is the delete, and a delete is never dropped). Leaving the pool waits for both.

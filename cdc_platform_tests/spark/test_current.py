@@ -25,6 +25,26 @@ def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
     yield from make_capture_env(demo_db, tmp_path, DDL, ["items", "lines"])
 
 
+@pytest.fixture(params=["driver", "spark"], ids=["merged by delta-rs in the driver", "merged by Spark"])
+def merge_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A small current merges in the driver (``lake.driver_merge``); with the threshold
+    below every table, through Spark's MERGE. The merge rules hold on both."""
+    from cdc_platform.lake import driver_merge
+
+    if request.param == "spark":
+        monkeypatch.setattr(driver_merge, "DRIVER_MERGE_MAX_ROWS", -1)
+    return str(request.param)
+
+
+def assert_merged_by(path: str, merge_path: str) -> None:
+    """Every MERGE into ``path`` was written by the path the test asked for (no fallback)."""
+    from deltalake import DeltaTable
+
+    merges = [c for c in DeltaTable(path).history() if c.get("operation") == "MERGE"]
+    by_delta_rs = [str(c.get("clientVersion", "")).startswith("delta-rs") for c in merges]
+    assert merges and all(d is (merge_path == "driver") for d in by_delta_rs), merges
+
+
 def test_current_equals_source_after_a_mixed_workload(env: CaptureEnv, spark: Any) -> None:
     for t in ("items", "lines"):
         env.configure_table(t, "changelog: {grace_s: 0}")
@@ -149,7 +169,7 @@ def test_every_type_case_through_the_changelog_equals_the_source(types_env: Capt
     assert (missing, extra) == ([], [])
 
 
-def test_a_stale_event_after_a_delete_does_not_bring_the_row_back(spark: Any, tmp_path: Path) -> None:
+def test_a_stale_event_after_a_delete_does_not_bring_the_row_back(spark: Any, tmp_path: Path, merge_path: str) -> None:
     """At least once: capture re-sends events after a restart. An insert older than the
     key's delete must not resurrect the row, whether or not the batch also holds new
     events; a batch of only new events skips the check (nothing in it can be stale)."""
@@ -175,6 +195,8 @@ def test_a_stale_event_after_a_delete_does_not_bring_the_row_back(spark: Any, tm
     assert apply([("c", 1, 1, 100)]) == {10}  # the insert again, alone
     assert apply([("c", 2, 5, 400)]) == {10, 2}  # only new events: the check is skipped
     assert apply([("c", 1, 7, 500)]) == {10, 2, 1}  # a real re-insert after the delete comes back
+    assert apply([("d", 1, 1, 200)]) == {10, 2, 1}  # the delete again: older than the row, it removes nothing
+    assert_merged_by(table.table.current_path, merge_path)
 
 
 @pytest.mark.parametrize("big", [False, True], ids=["small current", "big current: the batch's keys listed"])
@@ -187,10 +209,11 @@ def test_a_batch_merges_the_same_whether_its_keys_are_listed_in_the_merge(
     a batch re-sent after capture restarted land as they do without it."""
     from delta.tables import DeltaTable
 
-    from cdc_platform.lake import current
+    from cdc_platform.lake import current, driver_merge
     from cdc_platform_tests.spark.synthetic import StreamedTable
 
     monkeypatch.setattr(current, "KEY_FILTER_MIN_ROWS", 0 if big else 10**12)
+    monkeypatch.setattr(driver_merge, "DRIVER_MERGE_MAX_ROWS", -1)  # a current this small merges in the driver
     table = StreamedTable(spark, tmp_path, rows=[(k, k) for k in range(1, 21)])
     current.apply_current(spark, table.ledger, table.table)
 
@@ -216,7 +239,9 @@ def test_a_batch_merges_the_same_whether_its_keys_are_listed_in_the_merge(
     assert ("IN (3,5,9,12,30)" in predicate["predicate"]) is big, predicate
 
 
-def test_a_value_no_event_of_the_batch_carried_stays_as_current_has_it(spark: Any, tmp_path: Path) -> None:
+def test_a_value_no_event_of_the_batch_carried_stays_as_current_has_it(
+    spark: Any, tmp_path: Path, merge_path: str
+) -> None:
     """An update that does not resend an unchanged TOASTed value keeps current's, also in a
     batch of full images otherwise, and a later event that carries it again replaces it."""
     from cdc_platform.lake import current
@@ -242,3 +267,4 @@ def test_a_value_no_event_of_the_batch_carried_stays_as_current_has_it(spark: An
     assert after == expected | {4: 44, 6: 66}
     full = apply([("u", 3, 33, 140), ("c", 20, 200, 150), ("u", 6, 67, 160)])
     assert full == expected | {3: 33, 4: 44, 6: 67, 20: 200}
+    assert_merged_by(table.table.current_path, merge_path)

@@ -1,0 +1,160 @@
+"""A small batch into a small current, merged in the driver by delta-rs instead of Spark.
+
+Delta's MERGE in Spark costs ~25 Spark jobs and 1.2-3 s whatever the batch's size (their
+planning, code generation and commit on the driver; docs/benchmarks.md, "Per-batch fixed
+cost of the merge"). For a current of up to ``DRIVER_MERGE_MAX_ROWS`` rows, delta-rs
+(Rust, DataFusion, in this process) merges the same batch in 0.05-0.2 s: it rewrites the
+touched files (copy on write), which at this size costs less than Spark's planning.
+Bigger currents keep Spark's MERGE with deletion vectors, whose cost follows the changes.
+
+The batch is the same ``latest`` frame Spark's MERGE gets (one row per key, ``_latest_per_key``
+and the resurrection guard already applied in Spark); it is collected to Arrow (a
+few thousand rows at most) and merged with the same clauses: an event at or before a row's
+position is ignored, a delete removes the row, an update keeps every column the batch
+did not carry (TOAST), a key current lacks is inserted unless its latest event deletes it.
+
+Only for tables whose Delta features delta-rs writes as Spark does (``WRITABLE_FEATURES``),
+never after a truncate (Spark deletes by position first), and never for column names the
+SQL expressions would have to escape. Whatever delta-rs raises makes Spark merge the batch
+and the table from then on, with one warning. An error before delta-rs' commit wrote
+nothing; one after it (a post-commit checkpoint) leaves a batch that Spark's MERGE then
+finds applied: every event is at or before its row's position, so it changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cdc_platform.lake.tables import LakeTable
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger("cdc_platform.current")
+
+# current's rows up to which the driver merges (copy on write: 20 changes into 100k rows
+# 0.05 s, into 1M rows 0.2 s, against 2.1 and 2.9 s through Spark; docs/benchmarks.md)
+DRIVER_MERGE_MAX_ROWS = 1_000_000
+DRIVER_MERGE_MAX_CHANGES = 10_000
+# Delta table features delta-rs keeps as Spark writes them (deletion vectors: read, and
+# dropped with the rewritten files). Column mapping, constraints, generated columns: Spark.
+WRITABLE_FEATURES = frozenset({"deletionVectors", "appendOnly", "invariants", "timestampNtz"})
+
+# current tables delta-rs refused once, and why: Spark merges them from then on
+refused: dict[str, str] = {}
+_refused_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class DriverMergeMetrics:
+    inserted: int
+    deleted: int
+
+
+def merges_in_driver(
+    table: LakeTable, current_rows: int | None, changes: int, truncates: bool, names: list[str]
+) -> bool:
+    """Whether this batch of ``changes`` events merges into current (of ``names``) in the driver."""
+    if truncates or current_rows is None or current_rows > DRIVER_MERGE_MAX_ROWS:
+        return False
+    if changes > DRIVER_MERGE_MAX_CHANGES or table.current_path in refused:
+        return False
+    return all(_plain_name(c) for c in names)
+
+
+def merge_in_driver(
+    table: LakeTable, latest: DataFrame, keys: list[str], columns: list[str], remember_deletes: bool
+) -> DriverMergeMetrics | None:
+    """``latest`` merged into current by delta-rs; then, when the batch deletes, the deleted
+    keys appended to the deletes table. None when delta-rs refused before writing: the
+    caller merges through Spark."""
+    from deltalake import DeltaTable
+
+    batch = _collect(latest, keys, columns)
+    if batch.num_rows == 0:
+        return DriverMergeMetrics(0, 0)
+    target = DeltaTable(table.current_path)
+    features = set(target.protocol().writer_features or [])
+    if not features <= WRITABLE_FEATURES:
+        _refuse(table, f"its Delta features {sorted(features - WRITABLE_FEATURES)} are written by Spark only")
+        return None
+    try:
+        metrics = _merge(target, batch, keys, columns)
+    except Exception as exc:  # Spark merges instead (a merge again is harmless: see the module's docstring)
+        _refuse(table, f"{type(exc).__name__}: {exc}")
+        return None
+    if remember_deletes:
+        _append_deletes(table, batch, keys)
+    return metrics
+
+
+def _collect(latest: DataFrame, keys: list[str], columns: list[str]) -> pa.Table:
+    """One row per key with plain columns: ``__key_i``, ``__op``, ``__commit``, ``__lsn``,
+    and per column ``__has_i`` (the batch carried a value) and ``__val_i``."""
+    from pyspark.sql import functions as F
+
+    flat = latest.select(
+        *[F.col(f"`__key_{k}`").alias(f"__key_{i}") for i, k in enumerate(keys)],
+        F.col("op").alias("__op"),
+        F.col("__order.commit_lsn").alias("__commit"),
+        F.col("__order.lsn").alias("__lsn"),
+        *[F.col(f"`__v_{c}`").isNotNull().alias(f"__has_{i}") for i, c in enumerate(columns)],
+        *[F.col(f"`__v_{c}`.v").alias(f"__val_{i}") for i, c in enumerate(columns)],
+    )
+    return flat.toArrow()
+
+
+def _merge(target: Any, batch: pa.Table, keys: list[str], columns: list[str]) -> DriverMergeMetrics:
+    match = " AND ".join(f'(t."{k}" IS NOT DISTINCT FROM s."__key_{i}")' for i, k in enumerate(keys))
+    newer = '(s."__commit" > t."_cdc_commit_lsn" OR (s."__commit" = t."_cdc_commit_lsn" AND s."__lsn" > t."_cdc_lsn"))'
+    position = {"_cdc_commit_lsn": 's."__commit"', "_cdc_lsn": 's."__lsn"'}
+    updates = {c: f'CASE WHEN s."__has_{i}" THEN s."__val_{i}" ELSE t."{c}" END' for i, c in enumerate(columns)}
+    inserts = {c: f's."__val_{i}"' for i, c in enumerate(columns)}
+    result = (
+        target.merge(source=batch, predicate=match, source_alias="s", target_alias="t")
+        .when_matched_delete(predicate=f"s.\"__op\" = 'd' AND {newer}")
+        .when_matched_update(updates={**updates, **position}, predicate=f"s.\"__op\" <> 'd' AND {newer}")
+        .when_not_matched_insert(updates={**inserts, **position}, predicate="s.\"__op\" <> 'd'")
+        .execute()
+    )
+    return DriverMergeMetrics(
+        int(result.get("num_target_rows_inserted", 0)), int(result.get("num_target_rows_deleted", 0))
+    )
+
+
+def _append_deletes(table: LakeTable, batch: pa.Table, keys: list[str]) -> None:
+    """The deleted keys and their positions, appended as ``_remember_deletes`` appends them."""
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable, write_deltalake
+
+    removed = batch.filter(pc.equal(batch["__op"], "d"))
+    if removed.num_rows == 0:
+        return
+    names = [*keys, "_cdc_commit_lsn", "_cdc_lsn"]
+    data = removed.select([*[f"__key_{i}" for i in range(len(keys))], "__commit", "__lsn"]).rename_columns(names)
+    schema = DeltaTable(table.deletes_path).schema().to_arrow()
+    write_deltalake(table.deletes_path, data.cast(_arrow_schema(schema)), mode="append")
+
+
+def _arrow_schema(schema: Any) -> pa.Schema:
+    """delta-rs hands its schema as an arro3 schema; pyarrow reads it through the Arrow C interface."""
+    import pyarrow as pa
+
+    return pa.schema(schema)
+
+
+def _refuse(table: LakeTable, reason: str) -> None:
+    with _refused_lock:
+        if table.current_path in refused:
+            return
+        refused[table.current_path] = reason
+    log.warning("%s: current merged through Spark from now on (delta-rs in the driver refused: %s)", table.key, reason)
+
+
+def _plain_name(name: str) -> bool:
+    """A column name the merge's SQL can quote as it is."""
+    return '"' not in name and "`" not in name
