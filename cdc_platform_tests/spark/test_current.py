@@ -268,3 +268,47 @@ def test_a_value_no_event_of_the_batch_carried_stays_as_current_has_it(
     full = apply([("u", 3, 33, 140), ("c", 20, 200, 150), ("u", 6, 67, 160)])
     assert full == expected | {3: 33, 4: 44, 6: 67, 20: 200}
     assert_merged_by(table.table.current_path, merge_path)
+
+
+@pytest.mark.parametrize("refusal", ["features", "error"], ids=["a Delta feature delta-rs does not write", "an error"])
+def test_a_current_delta_rs_refuses_is_merged_by_spark_with_a_warning(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, refusal: str
+) -> None:
+    """The driver's merge gives way to Spark's for the table: the batch lands once, the
+    warning names the reason, and the next batches go through Spark without asking again."""
+    from cdc_platform.lake import current, driver_merge
+    from cdc_platform_tests.spark.synthetic import StreamedTable
+
+    if refusal == "features":
+        monkeypatch.setattr(driver_merge, "WRITABLE_FEATURES", frozenset())
+    else:
+
+        def failing(*_args: object) -> None:
+            raise RuntimeError("type_coercion: no common type")
+
+        monkeypatch.setattr(driver_merge, "_merge", failing)
+    table = StreamedTable(spark, tmp_path, rows=[(k, k) for k in range(1, 6)])
+    current.apply_current(spark, table.ledger, table.table)
+
+    def apply(events: list[tuple[str, int, int, int]]) -> dict[int, int]:
+        frame = table.events(events).cache()
+        position = table.ledger.current(table.table.key)
+        committed = table.ledger.committed(table.table.key)
+        assert position is not None and committed is not None
+        frontier = {0: position.frontier.get(0, 0) + len(events)}
+        current.apply_decoded(
+            spark, table.ledger, table.table, committed, position, frame, current.summarize(frame), frontier
+        )
+        frame.unpersist()
+        return {r["id"]: r["v"] for r in spark.read.format("delta").load(table.table.current_path).collect()}
+
+    with caplog.at_level("WARNING", logger="cdc_platform.current"):
+        assert apply([("u", 2, 22, 100), ("d", 3, 3, 110), ("c", 9, 99, 120)]) == {1: 1, 2: 22, 4: 4, 5: 5, 9: 99}
+        assert apply([("u", 4, 44, 130)]) == {1: 1, 2: 22, 4: 44, 5: 5, 9: 99}
+    warnings = [r.getMessage() for r in caplog.records if "merged through Spark" in r.getMessage()]
+    reason = "features" if refusal == "features" else "type_coercion"
+    assert len(warnings) == 1 and reason in warnings[0] and table.table.key in warnings[0], warnings
+    position = table.ledger.current(table.table.key)
+    assert position is not None and position.rows == 5  # the row count moved by Spark's metrics
+    assert_merged_by(table.table.current_path, "spark")
+    assert driver_merge.refused.pop(table.table.current_path)  # expected here; the suite's guard sees none
