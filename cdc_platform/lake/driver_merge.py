@@ -15,8 +15,9 @@ did not carry (TOAST), a key current lacks is inserted unless its latest event d
 
 Only for tables whose Delta features delta-rs writes as Spark does (``WRITABLE_FEATURES``),
 never after a truncate (Spark deletes by position first), and never for column names the
-SQL expressions would have to escape. Whatever delta-rs raises makes Spark merge the batch
-and the table from then on, with one warning. An error before delta-rs' commit wrote
+SQL expressions would have to escape (a table with other features is said once, at info).
+Whatever delta-rs raises makes Spark merge the batch and the table from then on, with one
+warning. An error before delta-rs' commit wrote
 nothing; one after it (a post-commit checkpoint) leaves a batch that Spark's MERGE then
 finds applied: every event is at or before its row's position, so it changes nothing.
 """
@@ -46,6 +47,7 @@ WRITABLE_FEATURES = frozenset({"deletionVectors", "appendOnly", "invariants", "t
 
 # current tables delta-rs refused once, and why: Spark merges them from then on
 refused: dict[str, str] = {}
+spark_only: set[str] = set()  # current tables with Delta features delta-rs does not write
 _refused_lock = threading.Lock()
 
 
@@ -61,7 +63,7 @@ def merges_in_driver(
     """Whether this batch of ``changes`` events merges into current (of ``names``) in the driver."""
     if truncates or current_rows is None or current_rows > DRIVER_MERGE_MAX_ROWS:
         return False
-    if changes > DRIVER_MERGE_MAX_CHANGES or table.current_path in refused:
+    if changes > DRIVER_MERGE_MAX_CHANGES or table.current_path in refused or table.current_path in spark_only:
         return False
     return all(_plain_name(c) for c in names)
 
@@ -79,8 +81,13 @@ def merge_in_driver(
         return DriverMergeMetrics(0, 0)
     target = DeltaTable(table.current_path)
     features = set(target.protocol().writer_features or [])
-    if not features <= WRITABLE_FEATURES:
-        _refuse(table, f"its Delta features {sorted(features - WRITABLE_FEATURES)} are written by Spark only")
+    if not features <= WRITABLE_FEATURES:  # by design, not a failure: said once, at info
+        with _refused_lock:
+            spark_only.add(table.current_path)
+        log.info(
+            "%s: current merged through Spark (its Delta features %s are written by Spark only)",
+            table.key, sorted(features - WRITABLE_FEATURES),
+        )  # fmt: skip
         return None
     try:
         metrics = _merge(target, batch, keys, columns)
@@ -149,7 +156,7 @@ def _arrow_schema(schema: Any) -> pa.Schema:
 
 def _refuse(table: LakeTable, reason: str) -> None:
     with _refused_lock:
-        if table.current_path in refused:
+        if table.current_path in refused or table.current_path in spark_only:
             return
         refused[table.current_path] = reason
     log.warning("%s: current merged through Spark from now on (delta-rs in the driver refused: %s)", table.key, reason)
