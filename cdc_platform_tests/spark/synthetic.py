@@ -48,6 +48,23 @@ class StreamedTable:
         )
         self.offset = 0
 
+    def apply(
+        self, events: list[tuple[str, int, int, int]], toasted: frozenset[int] = frozenset()
+    ) -> list[tuple[int, int]]:
+        """``events`` (see ``events``) as one decoded stream batch merged into current as the
+        stream apply merges it (``apply_decoded``); current's rows after it, every one, sorted."""
+        from cdc_platform.lake.current import apply_decoded, summarize
+
+        frame = self.events(events, toasted).cache()
+        position = self.ledger.current(self.table.key)
+        committed = self.ledger.committed(self.table.key)
+        assert position is not None and committed is not None
+        frontier = {0: position.frontier.get(0, 0) + len(events)}
+        apply_decoded(self.spark, self.ledger, self.table, committed, position, frame, summarize(frame), frontier)
+        frame.unpersist()
+        rows = self.spark.read.format("delta").load(self.table.current_path).collect()
+        return sorted((r["id"], r["v"]) for r in rows)
+
     def events(self, events: list[tuple[str, int, int, int]], toasted: frozenset[int] = frozenset()) -> Any:
         """(op, id, v, commit position) as changelog rows, at the next Kafka offsets. The
         events at the indexes in ``toasted`` do not carry ``v`` (an unchanged TOASTed value:

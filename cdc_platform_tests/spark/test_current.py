@@ -173,21 +173,14 @@ def test_a_stale_event_after_a_delete_does_not_bring_the_row_back(spark: Any, tm
     """At least once: capture re-sends events after a restart. An insert older than the
     key's delete must not resurrect the row, whether or not the batch also holds new
     events; a batch of only new events skips the check (nothing in it can be stale)."""
-    from cdc_platform.lake.current import apply_current, apply_decoded, summarize
+    from cdc_platform.lake.current import apply_current
     from cdc_platform_tests.spark.synthetic import StreamedTable
 
     table = StreamedTable(spark, tmp_path, rows=[(10, 1)])  # generation: key 10
 
     def apply(events: list[tuple[str, int, int, int]]) -> set[int]:
         """(op, key, value, commit position) events as one decoded batch; current's keys after."""
-        frame = table.events(events).cache()
-        position = table.ledger.current(table.table.key)
-        committed = table.ledger.committed(table.table.key)
-        assert position is not None and committed is not None
-        frontier = {0: position.frontier.get(0, 0) + len(events)}
-        apply_decoded(spark, table.ledger, table.table, committed, position, frame, summarize(frame), frontier)
-        frame.unpersist()
-        return {r["id"] for r in spark.read.format("delta").load(table.table.current_path).collect()}
+        return {k for k, _ in table.apply(events)}
 
     apply_current(spark, table.ledger, table.table)
     assert apply([("c", 1, 1, 100), ("d", 1, 1, 200)]) == {10}
@@ -219,16 +212,7 @@ def test_a_batch_merges_the_same_whether_its_keys_are_listed_in_the_merge(
 
     def apply(events: list[tuple[str, int, int, int]]) -> list[tuple[int, int]]:
         """Current's rows after the batch, every one (a key matched by mistake would be twice)."""
-        frame = table.events(events).cache()
-        position = table.ledger.current(table.table.key)
-        committed = table.ledger.committed(table.table.key)
-        assert position is not None and committed is not None
-        frontier = {0: position.frontier.get(0, 0) + len(events)}
-        current.apply_decoded(
-            spark, table.ledger, table.table, committed, position, frame, current.summarize(frame), frontier
-        )
-        frame.unpersist()
-        return sorted((r["id"], r["v"]) for r in spark.read.format("delta").load(table.table.current_path).collect())
+        return table.apply(events)
 
     batch = [("u", 3, 33, 100), ("d", 5, 5, 110), ("c", 30, 300, 120), ("u", 9, 90, 130), ("u", 9, 91, 140)]
     expected = {k: k for k in range(1, 21) if k != 5} | {3: 33, 9: 91, 30: 300}
@@ -251,15 +235,7 @@ def test_a_value_no_event_of_the_batch_carried_stays_as_current_has_it(
     current.apply_current(spark, table.ledger, table.table)
 
     def apply(events: list[tuple[str, int, int, int]], toasted: frozenset[int] = frozenset()) -> dict[int, int]:
-        frame = table.events(events, toasted).cache()
-        summary = current.summarize(frame)
-        position = table.ledger.current(table.table.key)
-        committed = table.ledger.committed(table.table.key)
-        assert position is not None and committed is not None
-        frontier = {0: position.frontier.get(0, 0) + len(events)}
-        current.apply_decoded(spark, table.ledger, table.table, committed, position, frame, summary, frontier)
-        frame.unpersist()
-        return {r["id"]: r["v"] for r in spark.read.format("delta").load(table.table.current_path).collect()}
+        return dict(table.apply(events, toasted))
 
     expected = {k: k for k in range(1, 11)}
     # key 3's update does not carry v; key 6 carries it, then an update that does not
@@ -293,16 +269,7 @@ def test_a_current_delta_rs_refuses_is_merged_by_spark_with_a_warning(
     current.apply_current(spark, table.ledger, table.table)
 
     def apply(events: list[tuple[str, int, int, int]]) -> dict[int, int]:
-        frame = table.events(events).cache()
-        position = table.ledger.current(table.table.key)
-        committed = table.ledger.committed(table.table.key)
-        assert position is not None and committed is not None
-        frontier = {0: position.frontier.get(0, 0) + len(events)}
-        current.apply_decoded(
-            spark, table.ledger, table.table, committed, position, frame, current.summarize(frame), frontier
-        )
-        frame.unpersist()
-        return {r["id"]: r["v"] for r in spark.read.format("delta").load(table.table.current_path).collect()}
+        return dict(table.apply(events))
 
     with caplog.at_level("INFO", logger="cdc_platform.current"):
         assert apply([("u", 2, 22, 100), ("d", 3, 3, 110), ("c", 9, 99, 120)]) == {1: 1, 2: 22, 4: 4, 5: 5, 9: 99}
