@@ -23,6 +23,7 @@ from cdc_platform.config.model import ErrorTolerance, KafkaConfig
 from cdc_platform.kafka.clients import KafkaClients, worker_options
 from cdc_platform.lake.crash_points import crash_point
 from cdc_platform.lake.current import AUTO_COMPACT, BatchSummary
+from cdc_platform.lake.driver_append import append_in_driver, spark_appends
 from cdc_platform.lake.lake_types import row_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
@@ -390,7 +391,9 @@ def _write_window(
     writer = good.write.format("delta").option("mergeSchema", "true")
     options = {**table_options(good.schema, partition_by=("window_start",)), **AUTO_COMPACT}
     _write_mode(writer, window, batch, table).options(**options)
-    if not _done_before(spark, table, table.changelog_path, batch):
+    if not _done_before(spark, table, table.changelog_path, batch) and not _appended_in_driver(
+        spark, table, good, batch, sum(decoded.events.values())
+    ):
         writer.partitionBy("window_start").save(table.changelog_path)
     if (dead_count or batch is None) and not _done_before(spark, table, table.dead_letters_path, batch):
         # a window's re-run must also replace its dead letters
@@ -411,6 +414,16 @@ def _write_window(
         max_commit_lsn=decoded.summary.max_commit,
         schema_registered=decoded.schema_registered,
     )
+
+
+def _appended_in_driver(
+    spark: SparkSession, table: LakeTable, good: DataFrame, batch: BatchWrite | None, rows: int
+) -> bool:
+    """A stream batch's rows appended by delta-rs in the driver (``lake.driver_append``), or False: Spark appends."""
+    if batch is None or spark_appends(spark, table, batch.number, batch.retry, rows):
+        return False
+    identity, app_id = batch_identity(table, batch.number), transaction_app_id(table)
+    return append_in_driver(table, good, identity, app_id, batch.number)
 
 
 def _done_before(spark: SparkSession, table: LakeTable, path: str, batch: BatchWrite | None) -> bool:

@@ -45,9 +45,9 @@ DRIVER_MERGE_MAX_CHANGES = 10_000
 # dropped with the rewritten files). Column mapping, constraints, generated columns: Spark.
 WRITABLE_FEATURES = frozenset({"deletionVectors", "appendOnly", "invariants", "timestampNtz"})
 
-# current tables delta-rs refused once, and why: Spark merges them from then on
+# tables (current, changelog) delta-rs refused once, and why: Spark writes them from then on
 refused: dict[str, str] = {}
-spark_only: set[str] = set()  # current tables with Delta features delta-rs does not write
+spark_only: set[str] = set()  # tables with Delta features delta-rs does not write
 _refused_lock = threading.Lock()
 
 
@@ -63,7 +63,7 @@ def merges_in_driver(
     """Whether this batch of ``changes`` events merges into current (of ``names``) in the driver."""
     if truncates or current_rows is None or current_rows > DRIVER_MERGE_MAX_ROWS:
         return False
-    if changes > DRIVER_MERGE_MAX_CHANGES or table.current_path in refused or table.current_path in spark_only:
+    if changes > DRIVER_MERGE_MAX_CHANGES or not driver_writes(table.current_path):
         return False
     return all(_plain_name(c) for c in names)
 
@@ -80,19 +80,12 @@ def merge_in_driver(
     if batch.num_rows == 0:
         return DriverMergeMetrics(0, 0)
     target = DeltaTable(table.current_path)
-    features = set(target.protocol().writer_features or [])
-    if not features <= WRITABLE_FEATURES:  # by design, not a failure: said once, at info
-        with _refused_lock:
-            spark_only.add(table.current_path)
-        log.info(
-            "%s: current merged through Spark (its Delta features %s are written by Spark only)",
-            table.key, sorted(features - WRITABLE_FEATURES),
-        )  # fmt: skip
+    if not delta_rs_writes(target, table.key, table.current_path, "current merged"):
         return None
     try:
         metrics = _merge(target, batch, keys, columns)
     except Exception as exc:  # Spark merges instead (a merge again is harmless: see the module's docstring)
-        _refuse(table, f"{type(exc).__name__}: {exc}")
+        refuse(table.key, table.current_path, "current merged", f"{type(exc).__name__}: {exc}")
         return None
     if remember_deletes:
         _append_deletes(table, batch, keys)
@@ -143,23 +136,47 @@ def _append_deletes(table: LakeTable, batch: pa.Table, keys: list[str]) -> None:
         return
     names = [*keys, "_cdc_commit_lsn", "_cdc_lsn"]
     data = removed.select([*[f"__key_{i}" for i in range(len(keys))], "__commit", "__lsn"]).rename_columns(names)
-    schema = DeltaTable(table.deletes_path).schema().to_arrow()
-    write_deltalake(table.deletes_path, data.cast(_arrow_schema(schema)), mode="append")
+    write_deltalake(table.deletes_path, data.cast(arrow_schema_of(DeltaTable(table.deletes_path))), mode="append")
 
 
-def _arrow_schema(schema: Any) -> pa.Schema:
-    """delta-rs hands its schema as an arro3 schema; pyarrow reads it through the Arrow C interface."""
+def arrow_schema_of(target: Any) -> pa.Schema:
+    """A delta-rs table's schema in pyarrow (delta-rs hands an arro3 schema; pyarrow reads it
+    through the Arrow C interface)."""
     import pyarrow as pa
 
-    return pa.schema(schema)
+    return pa.schema(target.schema().to_arrow())
 
 
-def _refuse(table: LakeTable, reason: str) -> None:
+def delta_rs_writes(target: Any, key: str, path: str, what: str) -> bool:
+    """Whether delta-rs writes the Delta table ``target`` (at ``path``) as Spark does: its
+    writer features are all ``WRITABLE_FEATURES``. Otherwise Spark writes it from then on,
+    by design and not a failure, said once at info (``what``: e.g. "current merged")."""
+    features = set(target.protocol().writer_features or [])
+    if features <= WRITABLE_FEATURES:
+        return True
     with _refused_lock:
-        if table.current_path in refused or table.current_path in spark_only:
+        known = path in spark_only
+        spark_only.add(path)
+    if not known:
+        log.info(
+            "%s: %s through Spark (its Delta features %s are written by Spark only)",
+            key, what, sorted(features - WRITABLE_FEATURES),
+        )  # fmt: skip
+    return False
+
+
+def refuse(key: str, path: str, what: str, reason: str) -> None:
+    """delta-rs failed to write the table at ``path``: Spark writes it from now on, said once as a warning."""
+    with _refused_lock:
+        if path in refused or path in spark_only:
             return
-        refused[table.current_path] = reason
-    log.warning("%s: current merged through Spark from now on (delta-rs in the driver refused: %s)", table.key, reason)
+        refused[path] = reason
+    log.warning("%s: %s through Spark from now on (delta-rs in the driver refused: %s)", key, what, reason)
+
+
+def driver_writes(path: str) -> bool:
+    """Whether the driver may still write the table at ``path`` with delta-rs."""
+    return path not in refused and path not in spark_only
 
 
 def _plain_name(name: str) -> bool:

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from confluent_kafka import Consumer, TopicPartition
@@ -26,6 +26,9 @@ from cdc_platform.sources import CaptureSettings, open_source
 from cdc_platform.sources.base import Capture
 from cdc_platform.sources.postgres.slot import drop_slot
 from cdc_platform.sources.postgres.stream import CaptureStats, PostgresCapture
+
+if TYPE_CHECKING:
+    from cdc_platform.lake.apply import StreamApply
 
 
 @dataclass
@@ -120,6 +123,25 @@ class CaptureEnv:
             while time.monotonic() < deadline and self.slot_active_pid() is None:
                 time.sleep(0.2)
             yield capture
+
+    def stream_apply(self, spark: Any, groups: list[str] | None = None) -> StreamApply:
+        """The stream apply of the source's tables (of ``groups`` only, as ``--group`` picks
+        them) in this process's Spark: what ``cdc-platform apply`` runs, without a driver of its own."""
+        from cdc_platform.cli.apply import grouped_tables
+        from cdc_platform.kafka.clients import KafkaClients
+        from cdc_platform.lake.apply import StreamApply
+        from cdc_platform.lake.ledger import Ledger
+        from cdc_platform.lake.schema_registry import schema_refresh
+        from cdc_platform.lake.tables import lake_table
+
+        config = self.config
+        kafka, ledger = KafkaClients(config.kafka), Ledger(config.lake.root)
+        source = open_source(config, "cap", kafka)
+        tables = [lake_table(config, t) for t in grouped_tables(config, ["cap"], groups)]
+        return StreamApply(
+            spark, ledger, kafka, tables, config.sources["cap"].apply,
+            refresh=lambda t: schema_refresh(ledger, source, t.config),
+        )  # fmt: skip
 
     def slot_active_pid(self) -> int | None:
         with self.admin() as admin:

@@ -23,17 +23,13 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from delta.tables import DeltaTable
 
-from cdc_platform.cli.apply import grouped_tables
 from cdc_platform.devtools.apply_process import KILLED, ApplyProcess
 from cdc_platform.devtools.faults import APPLY_CUTS
 from cdc_platform.devtools.lake import Lake
-from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.apply import StreamApply, TableApplied, describe, load_state
 from cdc_platform.lake.changelog import seal_day
 from cdc_platform.lake.compare import history_chain
 from cdc_platform.lake.crash_points import APPLY_POINTS
-from cdc_platform.lake.ledger import Ledger
-from cdc_platform.lake.schema_registry import schema_refresh
 from cdc_platform.lake.tables import lake_table
 from cdc_platform.lake.verify import VerifyContext, verify_table
 from cdc_platform.model.coverage import walk
@@ -48,7 +44,6 @@ from cdc_platform.model.windows import (
     window_start,
 )
 from cdc_platform.orchestration.partitions import day_partition_key
-from cdc_platform.sources import open_source
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 from cdc_platform_tests.integration.test_capture_faults import DDL, Workload
 from cdc_platform_tests.spark.test_current import assert_current_equals_source
@@ -66,19 +61,6 @@ def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
 
 def _keys(env: CaptureEnv) -> list[str]:
     return [f"cap.{env.schema}.{t}" for t in env.tables]
-
-
-def _engine(env: CaptureEnv, spark: Any, groups: list[str] | None = None) -> StreamApply:
-    """The stream apply of the source's tables (of ``groups`` only, as ``--group`` picks them)
-    in this process's Spark: what ``cdc-platform apply`` runs, without a driver of its own."""
-    config = env.config
-    kafka, ledger = KafkaClients(config.kafka), Ledger(config.lake.root)
-    source = open_source(config, "cap", kafka)
-    tables = [lake_table(config, t) for t in grouped_tables(config, ["cap"], groups)]
-    return StreamApply(
-        spark, ledger, kafka, tables, config.sources["cap"].apply,
-        refresh=lambda t: schema_refresh(ledger, source, t.config),
-    )  # fmt: skip
 
 
 def _assert_each_offset_once_and_no_hole(lake: Lake, spark: Any, key: str) -> None:
@@ -103,7 +85,7 @@ def test_the_stream_apply_keeps_current_equal_to_the_source(env: CaptureEnv, spa
     # auto compaction at 4 small files instead of 50: this test's batches reach it
     spark.conf.set(MIN_FILES, "4")
     try:
-        with _engine(env, spark) as engine:
+        with env.stream_apply(spark) as engine:
             _stream_a_mixed_workload(env, lake, keys, engine)
     finally:
         spark.conf.unset(MIN_FILES)
@@ -112,11 +94,22 @@ def test_the_stream_apply_keeps_current_equal_to_the_source(env: CaptureEnv, spa
     # above), so file counts do not grow with the batches. Current (this small, merged in
     # the driver) rewrites the files a batch touches: its files do not pile up either.
     table = lake.table(keys[0])
+    history = DeltaTable.forPath(spark, table.changelog_path).history().collect()
     compactions = [
-        r for r in DeltaTable.forPath(spark, table.changelog_path).history().collect()
-        if r["operation"] == "OPTIMIZE" and r["operationParameters"].get("auto") == "true"
-    ]  # fmt: skip
+        r for r in history if r["operation"] == "OPTIMIZE" and r["operationParameters"].get("auto") == "true"
+    ]
     assert compactions, "no auto compaction of the changelog"
+    # batches are appended by delta-rs in the driver, but the table's first (it creates the
+    # table) and every minNumFiles-th, whose Spark commit auto-compacts the day's small files
+    appends = {
+        int(r["userMetadata"].rsplit("#", 1)[1]): str(r["engineInfo"])
+        for r in history
+        if r["operation"] == "WRITE" and (r["userMetadata"] or "").startswith("cdc_platform.apply.")
+    }
+    by_spark = {n for n, engine_info in appends.items() if not engine_info.startswith("delta-rs")}
+    compacting = {n for n in appends if n % 4 == 0 and n != min(appends)}
+    assert compacting and len(appends) > len(compacting) + 1, appends  # both kinds of append were made
+    assert by_spark == {min(appends)} | compacting, appends
     merges = [r for r in DeltaTable.forPath(spark, table.current_path).history().collect() if r["operation"] == "MERGE"]
     files = spark.sql(f"DESCRIBE DETAIL delta.`{table.current_path}`").first()["numFiles"]
     assert len(merges) >= 5 and files <= 4, (len(merges), files)
@@ -402,7 +395,7 @@ def test_an_apply_cut_at_any_step_resumes_exactly(one_table_env: CaptureEnv, spa
     # the next run resumes what the cut ones left: `apply --once`'s engine, in this process's
     # Spark (a third cold driver cost the suite half a minute; the fault suite resumes the
     # long-running process itself after its cuts)
-    with _engine(env, spark) as engine:
+    with env.stream_apply(spark) as engine:
         resumed = engine.run_until_caught_up()
     assert any(a.reapplied for a in resumed), "the batch cut short was not re-applied"
     assert_current_equals_source(lake, keys, at_least=20)
@@ -463,7 +456,7 @@ def test_a_batch_whose_records_retention_deleted_is_a_gap_not_a_silent_loss(
     ends = [TopicPartition(table.topic, p, high) for p, (_, high) in marks.items()]
     for future in admin.delete_records(ends).values():
         future.result(timeout=30)
-    with _engine(env, spark_session) as engine:
+    with env.stream_apply(spark_session) as engine:
         assert engine.run_pass() == []  # the table failed, kept to itself
         error = engine.health[key].error
     assert isinstance(error, ChangelogGapError), error
@@ -482,7 +475,7 @@ def test_a_batch_whose_records_retention_deleted_is_a_gap_not_a_silent_loss(
     lake.snapshot(key, "g2")
     _changes(env, seed=4, first_id=3000)
     env.run_until_caught_up()
-    with _engine(env, spark_session) as engine:
+    with env.stream_apply(spark_session) as engine:
         applied = engine.run_until_caught_up()
     assert any(a.batch is not None for a in applied)
     assert_current_equals_source(lake, [key], at_least=20)
@@ -536,7 +529,7 @@ def test_a_lake_built_by_windows_goes_on_in_the_stream_with_deletion_vectors(env
     env.run_until_caught_up()
     # the stream apply in this process's Spark (the CLI's `apply --once` starts a driver of its
     # own for the same code: the apply cut test's)
-    with _engine(env, spark) as engine:
+    with env.stream_apply(spark) as engine:
         applied = engine.run_until_caught_up()
         assert [h.error for h in engine.health.values()] == [None, None]
     assert {a.table for a in applied if a.batch is not None} == set(keys)
@@ -570,7 +563,7 @@ def test_a_scheduled_run_applies_what_is_available_and_reports_each_table(groupe
         lake.snapshot(key, "g1")
     _changes(env, seed=22, first_id=3000)
     env.run_until_caught_up()
-    with _engine(env, spark, groups=["big"]) as big:  # `cdc-platform apply --once --group big`'s tables
+    with env.stream_apply(spark, groups=["big"]) as big:  # `cdc-platform apply --once --group big`'s tables
         big.run_until_caught_up()
     assert lake.ledger.batches(lines) and not lake.ledger.batches(items)  # the group's table only
     defs = build_definitions(env.config_path)
@@ -588,7 +581,7 @@ def test_a_scheduled_run_applies_what_is_available_and_reports_each_table(groupe
         assert_current_equals_source(lake, keys, at_least=20)
         _each_changelog_partition_is_a_day_or_an_hour(lake, spark, {items: DAY_S, lines: 3_600}, started)
         _the_ten_minute_run_checks_a_streamed_current(env, defs, instance, keys[0])
-        with _engine(env, spark) as holder:  # a continuous apply of the source
+        with env.stream_apply(spark) as holder:  # a continuous apply of the source
             holder.run_pass()
             refused = job.execute_in_process(instance=instance, resources=defs.resources, raise_on_error=False)
         assert not refused.success

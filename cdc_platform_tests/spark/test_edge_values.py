@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 from psycopg import sql
 
 from cdc_platform.devtools.lake import Lake
@@ -87,36 +88,79 @@ def test_every_edge_value_is_exact_through_snapshot_and_changelog(env: CaptureEn
     current = _lake_values(lake.read_current(key))
 
     columns = dict((name, column) for name, column, _ in EDGE_CASES)
-    differing = []
-    for name, column in columns.items():
-        want = source["s:" + name][column]
-        got = {
-            "snapshot": snapshot["s:" + name][column],
-            "changelog": streamed["c:" + name][column],
-            "current, snapshot row": current["s:" + name][column],
-            "current, changelog row": current["c:" + name][column],
-        }
-        differing += [(name, path, want, value) for path, value in got.items() if value != want]
+    differing = _differing(source, "s:", {"snapshot": snapshot, "current, snapshot row": current})
+    differing += _differing(source, "c:", {"changelog": streamed, "current, changelog row": current})
     assert differing == []
     # the other columns of every row stayed NULL through both paths
     assert all(v is None for n, row in current.items() for c, v in row.items() if c != columns[n[2:]])
-
-    # delta-rs (to_pyarrow_table) and DuckDB read every table type with the same days and
-    # microseconds as Spark (BC, past 9999, ±infinity); delta-rs failed on BC date statistics
-    temporal = [(prefix + name, column) for name, column in columns.items() if column in ("d", "ts", "tz")
-                for prefix in ("s:", "c:")]  # fmt: skip
-    paths = {"snapshot": table.snapshot_path("g1"), "changelog": table.changelog_path, "current": table.current_path}
-    for kind, path in paths.items():
-        in_spark = {"snapshot": snapshot, "changelog": streamed, "current": current}[kind]
-        want = {(case, column): in_spark[case][column] for case, column in temporal if case in in_spark}
-        for engine, arrow in (("delta-rs", delta_rs(path)), ("duckdb", duckdb_table(path))):
-            read = _temporal_integers(arrow)
-            assert {(case, c): read[case][c] for case, c in want} == want, (kind, engine)
+    _assert_read_alike_by_other_engines(
+        {
+            table.snapshot_path("g1"): snapshot,
+            table.changelog_path: streamed,
+            table.current_path: current,
+        },
+        ("s:", "c:"),
+    )
 
     # spot checks of the representations the README's type table documents
     assert source["s:date_infinity"]["d"] == str(INT32[0]) and source["s:ts_minus_infinity"]["ts"] == str(INT64[1])
     assert source["s:date_first"]["d"] == "-2440588"  # 4714-11-24 BC: Julian day 0
     assert source["s:money_thousands"]["m"] == "1234.56" and source["s:json_duplicate_keys"]["j"] == '{"a": 1, "a": 2}'
+
+
+def test_every_edge_value_is_exact_through_the_stream_apply(env: CaptureEnv, spark: Any) -> None:
+    """A stream batch (``cdc-platform apply``'s path): decoded in the JVM, appended to the
+    changelog by delta-rs in the driver (``lake.driver_append``) and merged into current
+    there too (``lake.driver_merge``), every case keeps PostgreSQL's value."""
+    lake = Lake(env.config, spark)
+    key = f"cap.{env.schema}.edge_cases"
+    table = lake.table(key)
+    env.run_until_caught_up()
+    lake.snapshot(key, "g1")  # empty: every row comes through the stream
+    _insert(env, "w:", EDGE_CASES[:1])
+    env.run_until_caught_up()
+    with env.stream_apply(spark) as engine:
+        engine.run_until_caught_up()  # the first batch creates the changelog: Spark's append
+        _insert(env, "c:", EDGE_CASES)
+        env.run_until_caught_up()
+        engine.run_until_caught_up()
+    history = DeltaTable(table.changelog_path).history()
+    appends = [str(c.get("engineInfo", "")) for c in history if c.get("operation") == "WRITE"]
+    assert len(appends) == 2 and appends[0].startswith("delta-rs"), appends  # newest first: the cases' batch
+
+    source = _source_values(env)
+    changelog = spark.read.format("delta").load(table.changelog_path).where("op = 'c'").select("after.*")
+    streamed, current = _lake_values(changelog), _lake_values(lake.read_current(key))
+    assert len(streamed) == len(current) == len(EDGE_CASES) + 1
+    assert _differing(source, "c:", {"changelog": streamed, "current": current}) == []
+    _assert_read_alike_by_other_engines({table.changelog_path: streamed, table.current_path: current}, ("c:",))
+
+
+def _differing(
+    source: dict[str, dict[str, Any]], prefix: str, lake: dict[str, dict[str, dict[str, Any]]]
+) -> list[tuple[str, str, Any, Any]]:
+    """Each case's value (rows named ``prefix`` + case) where a lake table has another than PostgreSQL's."""
+    differing = []
+    for name, column, _ in EDGE_CASES:
+        want = source[prefix + name][column]
+        differing += [(name, where, want, rows[prefix + name][column]) for where, rows in lake.items()
+                      if rows[prefix + name][column] != want]  # fmt: skip
+    return differing
+
+
+def _assert_read_alike_by_other_engines(
+    tables: dict[str, dict[str, dict[str, Any]]], prefixes: tuple[str, ...]
+) -> None:
+    """delta-rs (to_pyarrow_table) and DuckDB read every table type with the same days and
+    microseconds as Spark (BC, past 9999, ±infinity); delta-rs failed on BC date statistics.
+    ``tables``: each table's path and the values Spark read from it."""
+    temporal = [(prefix + name, column) for name, column, _ in EDGE_CASES if column in ("d", "ts", "tz")
+                for prefix in prefixes]  # fmt: skip
+    for path, in_spark in tables.items():
+        want = {(case, column): in_spark[case][column] for case, column in temporal if case in in_spark}
+        for engine, arrow in (("delta-rs", delta_rs(path)), ("duckdb", duckdb_table(path))):
+            read = _temporal_integers(arrow)
+            assert {(case, c): read[case][c] for case, c in want} == want, (path, engine)
 
 
 def test_values_the_lake_refuses_are_refused_loudly_in_both_paths(env: CaptureEnv, spark: Any) -> None:
