@@ -27,7 +27,7 @@ from cdc_platform.devtools.apply_process import KILLED, ApplyProcess
 from cdc_platform.devtools.faults import APPLY_CUTS
 from cdc_platform.devtools.lake import Lake
 from cdc_platform.lake.apply import StreamApply, TableApplied, describe, load_state
-from cdc_platform.lake.changelog import seal_day
+from cdc_platform.lake.changelog import batch_identity, seal_day
 from cdc_platform.lake.compare import history_chain
 from cdc_platform.lake.crash_points import APPLY_POINTS
 from cdc_platform.lake.tables import lake_table
@@ -406,6 +406,41 @@ def test_an_apply_cut_at_any_step_resumes_exactly(one_table_env: CaptureEnv, spa
         assert all(recorded[p.key] == p.as_window(reused=False).ranges for p in plans)
     for key in keys:
         _assert_each_offset_once_and_no_hole(lake, spark, key)
+
+
+def test_a_batch_delta_rs_appended_before_a_failure_is_not_appended_again(
+    one_table_env: CaptureEnv, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver's append (``lake.driver_append``) committed, then the batch failed before
+    its ranges were recorded (the ledger unreachable): the apply retries the batch, finds
+    its identity in the changelog's commits and appends nothing twice."""
+    from cdc_platform.lake import changelog
+
+    env = one_table_env
+    lake, key = Lake(env.config, spark), _keys(env)[0]
+    env.run_until_caught_up()
+    lake.snapshot(key, "g1")
+    _changes(env, seed=3, first_id=100, transactions=10)
+    env.run_until_caught_up()
+    cut = {"left": 1}
+
+    def failing_once(point: str) -> None:
+        if point == "apply.changelog_written" and cut["left"]:
+            cut["left"] -= 1
+            raise RuntimeError("the ledger is unreachable (injected)")
+
+    with env.stream_apply(spark) as engine:
+        engine.run_until_caught_up()  # batch 1 creates the changelog (Spark's append)
+        _changes(env, seed=4, first_id=200, transactions=10)
+        env.run_until_caught_up()
+        monkeypatch.setattr(changelog, "crash_point", failing_once)
+        applied = engine.run_until_caught_up()  # fails once after the append, then retries
+    assert cut["left"] == 0 and any(a.reapplied for a in applied), applied
+    history = DeltaTable.forPath(spark, lake.table(key).changelog_path).history().collect()
+    second = [r["engineInfo"] for r in history if r["userMetadata"] == batch_identity(lake.table(key), 2)]
+    assert len(second) == 1 and second[0].startswith("delta-rs"), second
+    _assert_each_offset_once_and_no_hole(lake, spark, key)
+    assert_current_equals_source(lake, [key], at_least=10)
 
 
 @pytest.fixture
