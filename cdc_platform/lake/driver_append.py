@@ -26,7 +26,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cdc_platform.lake.driver_merge import DRIVER_MERGE_MAX_CHANGES, arrow_schema_of, delta_rs_writes, driver_writes
+from cdc_platform.lake.driver_merge import (
+    DRIVER_MERGE_MAX_CHANGES,
+    arrow_schema_of,
+    delta_rs_writes,
+    driver_writes,
+    refuse,
+)
 from cdc_platform.lake.tables import LakeTable
 
 if TYPE_CHECKING:
@@ -49,13 +55,11 @@ def spark_appends(spark: SparkSession, table: LakeTable, number: int, retry: boo
 def append_in_driver(table: LakeTable, rows: DataFrame, identity: str, app_id: str, number: int) -> bool:
     """``rows`` appended to the changelog by delta-rs, with the batch's identity and
     transaction in the commit. False when Spark must append them (see the module's docstring)."""
-    from deltalake import CommitProperties, Transaction, write_deltalake
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
     from deltalake.exceptions import TableNotFoundError
 
-    from cdc_platform.lake.driver_merge import refuse
-
     try:
-        target = _open(table.changelog_path)
+        target = DeltaTable(table.changelog_path)
     except TableNotFoundError:
         return False  # the first batch creates the table, with its properties: Spark's
     if not delta_rs_writes(target, table.key, table.changelog_path, "changelog appended"):
@@ -75,12 +79,6 @@ def append_in_driver(table: LakeTable, rows: DataFrame, identity: str, app_id: s
         refuse(table.key, table.changelog_path, "changelog appended", f"{type(exc).__name__}: {exc}")
         return False
     return True
-
-
-def _open(path: str) -> Any:
-    from deltalake import DeltaTable
-
-    return DeltaTable(path)
 
 
 def _shape(schema: pa.Schema) -> tuple[Any, ...]:
