@@ -74,7 +74,13 @@ from cdc_platform.lake.changelog import (
     seal_day,
 )
 from cdc_platform.lake.crash_points import crash_point
-from cdc_platform.lake.current import CurrentResult, apply_current, apply_decoded, ensure_table_properties
+from cdc_platform.lake.current import (
+    CurrentResult,
+    apply_current,
+    apply_decoded,
+    ensure_table_properties,
+    forget_columns,
+)
 from cdc_platform.lake.errors import classify_spark_error
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable
@@ -347,6 +353,7 @@ class StreamApply:
             error = classify_spark_error(exc, f"stream apply of {table.key}")
             health.failed(error, committed.generation if committed else None, time.monotonic())
             self.states.pop(table.key, None)  # read the ledger again before the next try
+            forget_columns(table.current_path, table.history_path)  # and the tables' columns
             log.error("%s [%s]: %s", table.key, error.kind, error)
             return None
         health.succeeded()

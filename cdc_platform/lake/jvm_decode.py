@@ -11,12 +11,14 @@ decoder, in Arrow batches (``mapInArrow``), and comes out identical, error rows 
 What Spark SQL decodes here: the envelope (with or without Connect's ``schema`` part),
 positions, the key text, and columns of kind int16/32/64, float32/64, bool, date,
 timestamp, timestamptz (ISO instants in UTC, ±infinity), numeric/money (precise bytes up to
-7 bytes, or decimal text), bytea (base64 or hex), text-like kinds, and the unavailable
-(TOAST) placeholder. Python decodes: arrays, time/timetz as integers, numeric beyond those,
-and anything unusual. Where a JSON value's token matters (``"5"`` is not ``5`` for an
-integer column) the typed parse marks the record corrupt; for text columns, where Spark
-would silently take a number's text, a pattern over the raw value sends records with a
-non-string token to Python.
+7 bytes, or decimal text), bytea (base64 or hex), text-like kinds, one-dimensional arrays of
+text-like kinds, and the unavailable (TOAST) placeholder. Python decodes: other arrays,
+time/timetz as integers, numeric beyond those, and anything unusual. Where a JSON value's
+token matters (``"5"`` is not ``5`` for an integer column) the typed parse marks the record
+corrupt; for text columns, where Spark would silently take a number's text, a pattern over
+the raw value sends records with a non-string token to Python; for text arrays, where
+Spark would take a number's or a nested array's text as an element, the array written
+back as JSON must be the field's JSON exactly.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ _HEX = r"^(?:[0-9a-fA-F]{2})*$"
 _UTC_INSTANT = r"^(?!0000)[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?Z$"
 _DECIMAL_TEXT = r"^-?[0-9]+(?:\.[0-9]+)?$"
 _PLAIN_KEY_TEXT = r"^[ -\[\]-~]*$"  # printable ASCII without backslash: Python and Spark write it alike
+_PATH_NAME = r"^[A-Za-z0-9_]+$"  # a column name a JSON path ($.after.<name>) spells as it is
 
 
 @dataclass(frozen=True)
@@ -305,7 +308,11 @@ def _conversions(schema: TableSchema, encoding: ValueEncoding) -> list[Column]:
     columns: list[Column] = []
     for part in ("before", "after"):
         for i, column in enumerate(schema.columns):
-            decoding = _column(payload[part][column.name], column, encoding)
+            raw = payload[part][column.name]
+            if _text_array_in_jvm(column):
+                decoding = _text_array(raw, _field_json(part, column.name))
+            else:
+                decoding = _column(raw, column, encoding)
             columns += [
                 decoding.value.alias(f"__{part}{i}"),
                 F.coalesce(decoding.needs_python, F.lit(False)).alias(f"__{part}{i}_py"),
@@ -327,6 +334,40 @@ def _conversions(schema: TableSchema, encoding: ValueEncoding) -> list[Column]:
         sequence.alias("__sequence"),
         _no_string_token_where_text_is_expected(F.col("__text"), schema).alias("__guard"),
     ]
+
+
+def _text_array_in_jvm(column: LakeColumn) -> bool:
+    """A one-dimensional array of a text-like kind (text, varchar, uuid, enum, json ...: the
+    JSON string is the lake value) under a name a JSON path spells: decoded in Spark SQL."""
+    import re
+
+    element = column.pgtype.element
+    if column.pgtype.kind != "array" or element is None or column.dims > 1:
+        return False
+    return _CONVERSIONS.get(element.kind, _text) is _text and re.match(_PATH_NAME, column.name) is not None
+
+
+def _field_json(part: str, name: str) -> Column:
+    """An image field's JSON as Jackson writes it back (compact), or the content of a string
+    token; null for JSON null or a missing field."""
+    from pyspark.sql import functions as F
+
+    return F.when(F.col("__path") == "$.payload.", F.get_json_object("__text", f"$.payload.{part}.{name}")).otherwise(
+        F.get_json_object("__text", f"$.{part}.{name}")
+    )
+
+
+def _text_array(raw: Column, field_json: Column) -> ColumnDecoding:
+    """``raw``: the field parsed as ``array<string>`` (a string token marks the record
+    corrupt). Spark would also take a number's text or a nested array's JSON as an element,
+    where Python keeps the number (then ``str``) or refuses the depth: the array written
+    back as JSON must be the field's JSON, i.e. every element was a string or null. The
+    unavailable placeholder is ``[UNAVAILABLE]``, as ``changes.is_unavailable`` has it."""
+    from pyspark.sql import functions as F
+
+    exact = F.coalesce(F.to_json(raw) == field_json, F.lit(False))
+    placeholder = exact & (F.size(raw) == 1) & F.coalesce(F.try_element_at(raw, F.lit(1)) == UNAVAILABLE, F.lit(False))
+    return ColumnDecoding(F.when(exact, raw), field_json.isNotNull() & ~exact, placeholder)
 
 
 def _needs_python(part: str, i: int, column: LakeColumn, encoding: ValueEncoding) -> Column:
@@ -436,6 +477,8 @@ def _wire_type(column: LakeColumn) -> DataType:
     from pyspark.sql import types as T
 
     kind = column.pgtype.kind
+    if _text_array_in_jvm(column):
+        return T.ArrayType(T.StringType())
     if kind in INT_RANGES or kind in ("date", "timestamp", "time"):
         return T.LongType()
     if kind in ("float32", "float64"):

@@ -33,29 +33,43 @@ class StreamedTable:
         )
         self.table = lake_table(config, config.tables[0])
         self.ledger = Ledger(config.lake.root)
-        spark.createDataFrame(rows, "id long, v long").write.format("delta").save(self.table.snapshot_path("g1"))
+        self.offset = 0
+        self.new_generation("g1", rows, 50)
+
+    def new_generation(self, name: str, rows: list[tuple[int, int]], position: int) -> None:
+        """Generation ``name`` of ``rows`` committed, its watermark at ``position`` and at
+        the next Kafka offset (the stream apply rebuilds current from it)."""
+        frame = self.spark.createDataFrame(rows, "id long, v long")
+        frame.write.format("delta").save(self.table.snapshot_path(name))
         int8 = builtin_type(20)
         assert int8 is not None
         schema = TableSchema((LakeColumn("id", int8), LakeColumn("v", int8)), ("id",))
         self.ledger.record_generation(
             GenerationEvent(
                 self.table.key,
-                "g1",
+                name,
                 GenerationStatus.COMMITTED,
-                watermark=Watermark(50, {0: 0}, datetime.now(UTC)),
+                watermark=Watermark(position, {0: self.offset}, datetime.now(UTC)),
                 schema_json=schema.to_json(),
             )
         )
-        self.offset = 0
 
     def apply(
-        self, events: list[tuple[str, int, int, int]], toasted: frozenset[int] = frozenset()
-    ) -> list[tuple[int, int]]:
+        self, events: list[tuple[str, int, int, int]], toasted: frozenset[int] = frozenset(),
+        added: dict[str, str] | None = None,
+    ) -> list[tuple[int, int]]:  # fmt: skip
         """``events`` (see ``events``) as one decoded stream batch merged into current as the
-        stream apply merges it (``apply_decoded``); current's rows after it, every one, sorted."""
+        stream apply merges it (``apply_decoded``); current's rows after it, every one, sorted.
+        ``added``: text columns the source added, with the value every image carries."""
+        from pyspark.sql import functions as F
+
         from cdc_platform.lake.current import apply_decoded, summarize
 
-        frame = self.events(events, toasted).cache()
+        frame = self.events(events, toasted)
+        for name, value in (added or {}).items():
+            for image in ("before", "after"):
+                frame = frame.withColumn(image, F.col(image).withField(name, F.lit(value).cast("string")))
+        frame = frame.cache()
         position = self.ledger.current(self.table.key)
         committed = self.ledger.committed(self.table.key)
         assert position is not None and committed is not None

@@ -192,6 +192,33 @@ def test_a_stale_event_after_a_delete_does_not_bring_the_row_back(spark: Any, tm
     assert_merged_by(table.table.current_path, merge_path)
 
 
+def test_a_column_a_rebuild_dropped_is_added_again_when_the_source_brings_it_back(
+    spark: Any, tmp_path: Path, merge_path: str
+) -> None:
+    """Current's columns are remembered between batches (its schema is not read for every
+    batch). A rebuild from a generation without a column forgets them: when the source
+    adds the column again, its batch adds it to current instead of merging into a table
+    that no longer has it."""
+    from cdc_platform.lake import current
+    from cdc_platform_tests.spark.synthetic import StreamedTable
+
+    table = StreamedTable(spark, tmp_path, rows=[(1, 1), (2, 2)])
+    current.apply_current(spark, table.ledger, table.table)
+
+    def notes() -> dict[int, str | None]:
+        rows = spark.read.format("delta").load(table.table.current_path)
+        return {r["id"]: r["note"] for r in rows.collect()} if "note" in rows.columns else {}
+
+    table.apply([("u", 1, 10, 100)], added={"note": "first"})
+    assert notes() == {1: "first", 2: None}
+    table.new_generation("g2", [(1, 10), (2, 2)], 200)  # taken after the source dropped the column
+    current.apply_current(spark, table.ledger, table.table)
+    assert notes() == {}  # the rebuilt current has no such column
+    assert table.apply([("u", 2, 20, 300)], added={"note": "again"}) == [(1, 10), (2, 20)]
+    assert notes() == {1: None, 2: "again"}
+    assert_merged_by(table.table.current_path, merge_path)
+
+
 @pytest.mark.parametrize("big", [False, True], ids=["small current", "big current: the batch's keys listed"])
 def test_a_batch_merges_the_same_whether_its_keys_are_listed_in_the_merge(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, big: bool

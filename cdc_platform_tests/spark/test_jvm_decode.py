@@ -104,6 +104,10 @@ def _debezium_records() -> tuple[list[tuple[bytes | None, bytes | None]], int]:
         (None, _env({"before": {"id": 9}, "after": None, "source": {**SOURCE, "txId": None}, "op": "d"})),
         (_key(9), _env(change(source={**SOURCE, "sequence": '[null,"5"]', "lsn": "77"}))),
         (_key(9), _env(change({"seen": 2**62, "score": 1e301}))),  # past Python's datetime: microseconds
+        (_key(9), _env(change({"tags": ["a", None]}))),  # a text array: every element a string or null
+        (_key(9), _env(change({"tags": []}))),
+        (_key(9), _env(change({"tags": ["é ✓", 'quo"te', "back\\slash", "", "NULL", "{}"]}))),
+        (_key(9), _env(change({"tags": [UNAVAILABLE]}, op="u"))),  # the TOAST placeholder of an array
     ]
     python_only = [
         (_key(9), _env(change({"qty": 40000}))),  # beyond smallint: Arrow's error row
@@ -124,7 +128,13 @@ def _debezium_records() -> tuple[list[tuple[bytes | None, bytes | None]], int]:
         (_key(9), _env(change({"price": {"scale": 2, "value": "MDk="}}))),
         (_key(9), _env(change({"price": 12.5}))),
         (_key(9), _env(change({"any": base64.b64encode(b"\x01").decode()}))),
-        (_key(9), _env(change({"tags": ["a", None]}))),
+        (_key(9), _env(change({"tags": '["a"]'}))),  # a string token holding an array's JSON
+        (_key(9), _env(change({"tags": ["a", 1]}))),  # Python keeps the number (then str), Spark its text
+        (_key(9), _env(change({"tags": ["a", 1.50]}))),
+        (_key(9), _env(change({"tags": [["a"], "b"]}))),  # deeper than declared: Python's reason
+        (_key(9), _env(change({"tags": ["a", {"k": 1}]}))),
+        (_key(9), _env(change({"tags": ""}))),
+        (_key(9), _env(change({"tags": UNAVAILABLE}, op="u"))),  # the placeholder as a string token
         (_key(9), _env(change({"clock": "01:00:00"}))),  # a time as text: Python keeps the text
         (_key(9), _env(change({"clock": -1}))),
         (_key(9), _env(change({"blob": "not base64!"}))),
