@@ -84,9 +84,9 @@ KEY_FILTER_MAX_KEYS = 10_000
 # The columns of each table the batches merge into (current, history), by path, in order,
 # as this process last read or added them. A batch whose columns are all known skips the
 # read of the table's schema (0.06-0.11 s a micro-batch on 2 cores, once more with
-# history). Only the process holding the source's apply lease writes these tables; the
-# writes that may drop columns (a rebuild, a new history table) forget the path, and a new
-# process starts with nothing known.
+# history). Only the process holding the source's apply lease writes these tables; a
+# rebuild (which may drop columns and creates history anew) and a failed batch forget the
+# paths, and a new process starts with nothing known.
 _known_columns: dict[str, tuple[str, ...]] = {}
 
 

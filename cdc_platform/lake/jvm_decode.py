@@ -24,6 +24,7 @@ back as JSON must be the field's JSON exactly.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import weakref
 from collections.abc import Iterator
@@ -310,7 +311,7 @@ def _conversions(schema: TableSchema, encoding: ValueEncoding) -> list[Column]:
         for i, column in enumerate(schema.columns):
             raw = payload[part][column.name]
             if _text_array_in_jvm(column):
-                decoding = _text_array(raw, _field_json(part, column.name))
+                decoding = _text_array(raw, _json_at(f"{part}.{column.name}"))
             else:
                 decoding = _column(raw, column, encoding)
             columns += [
@@ -339,21 +340,20 @@ def _conversions(schema: TableSchema, encoding: ValueEncoding) -> list[Column]:
 def _text_array_in_jvm(column: LakeColumn) -> bool:
     """A one-dimensional array of a text-like kind (text, varchar, uuid, enum, json ...: the
     JSON string is the lake value) under a name a JSON path spells: decoded in Spark SQL."""
-    import re
-
     element = column.pgtype.element
     if column.pgtype.kind != "array" or element is None or column.dims > 1:
         return False
     return _CONVERSIONS.get(element.kind, _text) is _text and re.match(_PATH_NAME, column.name) is not None
 
 
-def _field_json(part: str, name: str) -> Column:
-    """An image field's JSON as Jackson writes it back (compact), or the content of a string
-    token; null for JSON null or a missing field."""
+def _json_at(path: str) -> Column:
+    """The value's JSON at ``path`` (``after``, ``after.tags``) inside the envelope, with or
+    without Connect's ``payload``: as Jackson writes it back (compact), or the content of a
+    string token; null for JSON null or a missing field."""
     from pyspark.sql import functions as F
 
-    return F.when(F.col("__path") == "$.payload.", F.get_json_object("__text", f"$.payload.{part}.{name}")).otherwise(
-        F.get_json_object("__text", f"$.{part}.{name}")
+    return F.when(F.col("__path") == "$.payload.", F.get_json_object("__text", f"$.payload.{path}")).otherwise(
+        F.get_json_object("__text", f"$.{path}")
     )
 
 
@@ -660,10 +660,7 @@ def _commit_lsn(sequence: Column, listed: Column, lsn: Column) -> tuple[Column, 
 def _image_keys(part: str) -> Column:
     from pyspark.sql import functions as F
 
-    text = F.when(F.col("__path") == "$.payload.", F.get_json_object("__text", f"$.payload.{part}")).otherwise(
-        F.get_json_object("__text", f"$.{part}")
-    )
-    return F.coalesce(F.json_object_keys(text), F.array().cast("array<string>"))
+    return F.coalesce(F.json_object_keys(_json_at(part)), F.array().cast("array<string>"))
 
 
 def _unknown_columns(schema: TableSchema) -> Checked:
