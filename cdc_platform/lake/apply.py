@@ -507,7 +507,7 @@ class StreamApply:
         assert state.position is not None  # _merges_decoded
         result = apply_decoded(
             self.spark, self.ledger, table, committed, state.position, decoded.changes(), decoded.summary,
-            state.recorded,
+            state.recorded, arrow=decoded.changes_arrow(),
         )  # fmt: skip
         state.position = CurrentPosition(
             result.generation, dict(result.frontier), result.applied_position, result.last_source_ts, result.rows

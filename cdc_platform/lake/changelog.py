@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from cdc_platform.kafka.clients import KafkaClients, worker_options
 from cdc_platform.lake.crash_points import crash_point
 from cdc_platform.lake.current import AUTO_COMPACT, BatchSummary
 from cdc_platform.lake.driver_append import append_in_driver, spark_appends
+from cdc_platform.lake.driver_batch import DEAD, collected_records, fits_in_driver, kind_statistics
 from cdc_platform.lake.lake_types import row_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
@@ -52,6 +53,7 @@ from cdc_platform.model.windows import (
 log = logging.getLogger("cdc_platform.changelog")
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 # given the columns a window's records carry that the registered schema lacks: the
@@ -146,12 +148,23 @@ class DecodedBatch:
     result: WindowResult | None = None
     python_rows: int = 0  # records Spark SQL left to the Python decoder (``jvm_decode``)
     held: list[DataFrame] = field(default_factory=list)  # cached frames ``frame`` is built on
+    # the same records in the driver (a small stream batch, ``lake.driver_batch``): ``frame``
+    # is built from them, and the driver's append and merge take them as they are
+    arrow: pa.Table | None = None
 
     def changes(self) -> DataFrame:
         """The change events the merge applies (decoded, with an op)."""
         from pyspark.sql import functions as F
 
         return self.frame.where(F.col("error").isNull() & F.col("op").isNotNull())
+
+    def changes_arrow(self) -> pa.Table | None:
+        """``changes()`` in the driver, when the batch is held there."""
+        import pyarrow.compute as pc
+
+        if self.arrow is None:
+            return None
+        return self.arrow.filter(pc.and_(pc.is_null(self.arrow["error"]), pc.is_valid(self.arrow["op"])))
 
     def release(self) -> None:
         for frame in (self.frame, *self.held):
@@ -220,8 +233,8 @@ def _ensure_nothing_deleted(kafka: KafkaClients, table: LakeTable, window: Windo
     )
 
 
-DEAD = "__dead_letter"
 PYTHON = "__python"
+NOT_IN_CHANGELOG = ("error", "raw_key", "raw_value", "unknown_columns")  # a dead letter's, or the decoder's
 
 
 def _read_decoded(
@@ -239,6 +252,8 @@ def _read_decoded(
 
     spans = [(r.partition, r.start, r.end) for r in window.ranges]
     raw = read_raw(spark, kafka.kafka.bootstrap_servers, table.topic, spans)
+    if fits_in_driver(window):
+        return _decoded_in_driver(spark, jvm_decoded(raw, schema, table.encoding), schema, table, window)
     rows = jvm_decoded(raw, schema, table.encoding).cache()
     columns = [*change_schema_of(schema).names, "window_start"]
     in_window = F.lit(changelog_partition(window.key))
@@ -248,6 +263,24 @@ def _read_decoded(
     python = python_decoded(rows, schema, table.encoding).withColumn("window_start", in_window).cache()
     exact = exact_rows(rows, schema).withColumn("window_start", in_window)
     return replace(_decoded(exact.unionByName(python)), held=[rows, python])
+
+
+def _decoded_in_driver(
+    spark: SparkSession, rows: DataFrame, schema: TableSchema, table: LakeTable, window: WindowPlan
+) -> DecodedBatch:
+    """A small stream batch's records collected to the driver (``lake.driver_batch``), and a
+    Spark frame of them for what Spark writes (no Kafka read again)."""
+    import pyarrow as pa
+    from pyspark.sql import types as T
+
+    from cdc_platform.lake.jvm_decode import change_schema_of
+
+    records, python_rows = collected_records(rows, schema, table.encoding)
+    partition = pa.array([changelog_partition(window.key)] * records.num_rows, pa.string())
+    records = records.append_column("window_start", partition)
+    frame_schema = T.StructType([*change_schema_of(schema).fields, T.StructField("window_start", T.StringType())])
+    frame = spark.createDataFrame(records, schema=frame_schema)
+    return replace(_batch_of(frame, kind_statistics(records), python_rows), arrow=records)
 
 
 def _decoded(frame: DataFrame) -> DecodedBatch:
@@ -275,7 +308,13 @@ def _decoded(frame: DataFrame) -> DecodedBatch:
         .collect()
     )
     python_rows = sum(int(r["n"]) for r in rows if r["kind"] == PYTHON)
-    rows = [r for r in rows if r["kind"] != PYTHON]
+    return _batch_of(frame, [r for r in rows if r["kind"] != PYTHON], python_rows)
+
+
+def _batch_of(frame: DataFrame, rows: Sequence[Any], python_rows: int) -> DecodedBatch:
+    """The batch from its statistics per kind of record (Spark's rows or
+    ``driver_batch.kind_statistics``'s): counts by op, dead letters, unknown columns, and
+    the merge's summary."""
     events = {r["kind"]: int(r["n"]) for r in rows if r["kind"] != DEAD}
     ops = [r for r in rows if r["kind"] not in (DEAD, "tombstone")]
     lows = [r["lo"] for r in ops if r["lo"] is not None]
@@ -386,15 +425,16 @@ def _write_window(
             f"cannot be decoded (e.g. {sample}); errors.tolerance is 'none', so nothing was written. Fix the "
             "producer, or set errors.tolerance: all to send them to the dead-letter table"
         )
-    good = frame.where(F.col("error").isNull()).drop("error", "raw_key", "raw_value", "unknown_columns")
-    # mergeSchema: a column the source added (compatible change) joins the images
-    writer = good.write.format("delta").option("mergeSchema", "true")
-    options = {**table_options(good.schema, partition_by=("window_start",)), **AUTO_COMPACT}
-    _write_mode(writer, window, batch, table).options(**options)
+    good = frame.where(F.col("error").isNull()).drop(*NOT_IN_CHANGELOG)
     if not _done_before(spark, table, table.changelog_path, batch) and not _appended_in_driver(
-        spark, table, good, batch, sum(decoded.events.values())
+        spark, table, decoded, good, batch
     ):
-        writer.partitionBy("window_start").save(table.changelog_path)
+        # mergeSchema: a column the source added (compatible change) joins the images
+        writer = good.write.format("delta").option("mergeSchema", "true")
+        options = {**table_options(good.schema, partition_by=("window_start",)), **AUTO_COMPACT}
+        _write_mode(writer, window, batch, table).options(**options).partitionBy("window_start").save(
+            table.changelog_path
+        )
     if (dead_count or batch is None) and not _done_before(spark, table, table.dead_letters_path, batch):
         # a window's re-run must also replace its dead letters
         dead_writer = dead.select(
@@ -417,13 +457,23 @@ def _write_window(
 
 
 def _appended_in_driver(
-    spark: SparkSession, table: LakeTable, good: DataFrame, batch: BatchWrite | None, rows: int
+    spark: SparkSession, table: LakeTable, decoded: DecodedBatch, good: DataFrame, batch: BatchWrite | None
 ) -> bool:
-    """A stream batch's rows appended by delta-rs in the driver (``lake.driver_append``), or False: Spark appends."""
-    if batch is None or spark_appends(spark, table, batch.number, batch.retry, rows):
+    """A stream batch's rows (``good``) appended by delta-rs in the driver
+    (``lake.driver_append``), or False: Spark appends."""
+    import pyarrow.compute as pc
+
+    if batch is None or spark_appends(spark, table, batch.number, batch.retry, sum(decoded.events.values())):
         return False
+    held = decoded.arrow
+
+    def rows() -> pa.Table:  # held in the driver already, or collected once delta-rs may write
+        if held is None:
+            return good.toArrow()
+        return held.filter(pc.is_null(held["error"])).drop_columns(list(NOT_IN_CHANGELOG))
+
     identity, app_id = batch_identity(table, batch.number), transaction_app_id(table)
-    return append_in_driver(table, good, identity, app_id, batch.number)
+    return append_in_driver(table, rows, identity, app_id, batch.number)
 
 
 def _done_before(spark: SparkSession, table: LakeTable, path: str, batch: BatchWrite | None) -> bool:

@@ -45,7 +45,13 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.lake.crash_points import crash_point
-from cdc_platform.lake.driver_merge import merge_in_driver, merges_in_driver
+from cdc_platform.lake.driver_merge import (
+    collected_events,
+    collected_latest,
+    latest_in_driver,
+    merge_in_driver,
+    merges_in_driver,
+)
 from cdc_platform.lake.history import HistoryResult, apply_history, ensure_history_table, snapshot_events
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
@@ -57,6 +63,7 @@ from cdc_platform.model.tables import TableSchema
 from cdc_platform.model.windows import WindowRange, changelog_partition
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 POSITION_COLUMNS = ("_cdc_commit_lsn", "_cdc_lsn")
@@ -194,15 +201,17 @@ def apply_current(spark: SparkSession, ledger: Ledger, table: LakeTable) -> Curr
 
 def apply_decoded(
     spark: SparkSession, ledger: Ledger, table: LakeTable, committed: Generation, position: CurrentPosition,
-    changes: DataFrame, summary: BatchSummary, frontier: dict[int, int],
+    changes: DataFrame, summary: BatchSummary, frontier: dict[int, int], *, arrow: pa.Table | None = None,
 ) -> CurrentResult:  # fmt: skip
     """The stream apply's fast path: a batch's decoded events merged straight into current,
     which stands exactly at the batch's first offsets (``position``); ``frontier`` is where
     the batch ends. Nothing is read back from the changelog and nothing is counted: the row
-    count moves by the MERGE's metrics."""
+    count moves by the MERGE's metrics. ``arrow``: the same events, when the driver holds them."""
     started = time.monotonic()
     schema = TableSchema.from_json(committed.schema_json)
-    batch, history = merge_changes(spark, table, schema, changes, summary, position.applied_position, position.rows)
+    batch, history = merge_changes(
+        spark, table, schema, changes, summary, position.applied_position, position.rows, arrow=arrow
+    )
     crash_point("current.merged")
     if batch.rows_delta is None:  # a truncate deleted rows outside the MERGE's metrics
         rows = spark.read.format("delta").load(table.current_path).count()
@@ -331,12 +340,12 @@ def _apply_windows(
 
 def merge_changes(
     spark: SparkSession, table: LakeTable, schema: TableSchema, changes: DataFrame, summary: BatchSummary | None = None,
-    applied_position: int | None = None, current_rows: int | None = None,
+    applied_position: int | None = None, current_rows: int | None = None, *, arrow: pa.Table | None = None,
 ) -> tuple[_Batch, HistoryResult]:  # fmt: skip
     """Merge change events (changelog columns, ``op`` set) into current and history.
     ``summary``: the batch's statistics when the caller already has them (one pass fewer);
     ``applied_position``, ``current_rows``: the newest position current has applied and
-    the rows it holds, when known."""
+    the rows it holds, when known; ``arrow``: the events in the driver, when it holds them."""
     keys = list(schema.key)
     summary = summary or summarize(changes)
     if summary.changes == 0:
@@ -347,7 +356,8 @@ def merge_changes(
     guard = not summary.newer_than(applied_position)
     columns = [c for c in current_columns if c not in POSITION_COLUMNS]
     if not table.config.history:
-        return _merge(spark, table, changes, keys, columns, summary, guard, current_rows), HistoryResult(0, 0)
+        merged = _merge(spark, table, changes, keys, columns, summary, guard, current_rows, arrow=arrow)
+        return merged, HistoryResult(0, 0)
     # History and current are independent tables: their MERGEs run at once, so a batch of a
     # table with history costs less than the two one after the other (8.9 -> 7.8 s for 20
     # changes on 2 cores, docs/benchmarks.md). Leaving the pool waits for both: a failed
@@ -356,7 +366,7 @@ def merge_changes(
         history = pool.submit(
             apply_history, spark, table.history_path, changes, keys, columns, summary.truncate is not None
         )
-        result = _merge(spark, table, changes, keys, columns, summary, guard, current_rows)
+        result = _merge(spark, table, changes, keys, columns, summary, guard, current_rows, arrow=arrow)
     return result, history.result()
 
 
@@ -454,25 +464,27 @@ def _changes(
 
 def _merge(
     spark: SparkSession, table: LakeTable, batch: DataFrame, keys: list[str], columns: list[str],
-    summary: BatchSummary, guard: bool, current_rows: int | None,
+    summary: BatchSummary, guard: bool, current_rows: int | None, *, arrow: pa.Table | None = None,
 ) -> _Batch:  # fmt: skip
     """``columns``: current's, but the positions. ``guard``: whether an event may be older
     than a remembered delete (then it is checked against them; a join with the deletes
-    table, a third of a small batch's MERGE time)."""
+    table, a third of a small batch's MERGE time). ``arrow``: the batch's rows, when the
+    driver holds them."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     if summary.truncate is not None:
         batch = _truncate(DeltaTable.forPath(spark, table.current_path), batch, *summary.truncate)
+    if merges_in_driver(table, current_rows, summary.changes, summary.truncate is not None, [*keys, *columns]):
+        latest_rows = _latest_for_driver(spark, table, batch, arrow, keys, columns, guard)
+        driver = merge_in_driver(table, latest_rows, keys, columns, summary.deletes > 0)
+        if driver is not None:
+            return _Batch(summary.changes, summary.max_commit, summary.max_ts, driver.inserted - driver.deleted)
     latest = _latest_per_key(batch.where(F.col("op") != "t"), keys, columns)
     # the keys before the guard's join with the deletes table: a superset is as exact
     key_filter = _target_key_filter(latest, keys) if (current_rows or 0) >= KEY_FILTER_MIN_ROWS else ""
     if guard:
         latest = _not_deleted_later(spark, table, latest, keys)
-    in_driver = merges_in_driver(table, current_rows, summary.changes, summary.truncate is not None, [*keys, *columns])
-    driver = merge_in_driver(table, latest, keys, columns, summary.deletes > 0) if in_driver else None
-    if driver is not None:
-        return _Batch(summary.changes, summary.max_commit, summary.max_ts, driver.inserted - driver.deleted)
     # The deleted keys are appended while the MERGE runs: another table, and nothing the
     # guard above reads can change by it (a key is remembered only where its latest event
     # is the delete, and a delete is never dropped). Leaving the pool waits for both.
@@ -487,6 +499,26 @@ def _merge(
     else:
         rows_delta = None
     return _Batch(summary.changes, summary.max_commit, summary.max_ts, rows_delta)
+
+
+def _latest_for_driver(
+    spark: SparkSession, table: LakeTable, batch: DataFrame, arrow: pa.Table | None, keys: list[str],
+    columns: list[str], guard: bool,
+) -> pa.Table:  # fmt: skip
+    """The batch's latest event per key for delta-rs' merge: computed in Arrow from the
+    batch's events (``arrow``, or collected: one plain Spark job, no shuffle), or by Spark
+    when the resurrection guard must join the remembered deletes (a replayed batch) or
+    Arrow's grouping cannot take the key (``driver_merge.latest_in_driver``)."""
+    from pyspark.sql import functions as F
+
+    if not guard:
+        latest = latest_in_driver(arrow if arrow is not None else collected_events(batch), keys, columns)
+        if latest is not None:
+            return latest
+    by_spark = _latest_per_key(batch.where(F.col("op") != "t"), keys, columns)
+    if guard:
+        by_spark = _not_deleted_later(spark, table, by_spark, keys)
+    return collected_latest(by_spark, keys, columns)
 
 
 def _truncate(target: Any, batch: DataFrame, t_commit: int, t_lsn: int) -> DataFrame:

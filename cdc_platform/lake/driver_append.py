@@ -24,6 +24,7 @@ Spark still appends:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.lake.driver_merge import (
@@ -37,7 +38,7 @@ from cdc_platform.lake.tables import LakeTable
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 DRIVER_APPEND_MAX_ROWS = DRIVER_MERGE_MAX_CHANGES  # collected to the driver: a micro-batch, not a backlog
 MIN_FILES_CONF = "spark.databricks.delta.autoCompact.minNumFiles"
@@ -52,9 +53,10 @@ def spark_appends(spark: SparkSession, table: LakeTable, number: int, retry: boo
     return number % max(1, every) == 0
 
 
-def append_in_driver(table: LakeTable, rows: DataFrame, identity: str, app_id: str, number: int) -> bool:
-    """``rows`` appended to the changelog by delta-rs, with the batch's identity and
-    transaction in the commit. False when Spark must append them (see the module's docstring)."""
+def append_in_driver(table: LakeTable, rows: Callable[[], pa.Table], identity: str, app_id: str, number: int) -> bool:
+    """The batch's ``rows`` (collected when called) appended to the changelog by delta-rs,
+    with the batch's identity and transaction in the commit. False when Spark must append
+    them (see the module's docstring)."""
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
     from deltalake.exceptions import TableNotFoundError
 
@@ -65,7 +67,7 @@ def append_in_driver(table: LakeTable, rows: DataFrame, identity: str, app_id: s
     if not delta_rs_writes(target, table.key, table.changelog_path, "changelog appended"):
         return False
     schema = arrow_schema_of(target)
-    data = rows.toArrow()
+    data = rows()
     if _shape(data.schema) != _shape(schema):
         return False  # a schema change: Spark's mergeSchema evolves the table
     try:

@@ -69,14 +69,13 @@ def merges_in_driver(
 
 
 def merge_in_driver(
-    table: LakeTable, latest: DataFrame, keys: list[str], columns: list[str], remember_deletes: bool
+    table: LakeTable, batch: pa.Table, keys: list[str], columns: list[str], remember_deletes: bool
 ) -> DriverMergeMetrics | None:
-    """``latest`` merged into current by delta-rs; then, when the batch deletes, the deleted
-    keys appended to the deletes table. None when delta-rs refused before writing: the
-    caller merges through Spark."""
+    """``batch`` (one row per key: ``latest_in_driver`` or ``collected_latest``) merged into
+    current by delta-rs; then, when the batch deletes, the deleted keys appended to the
+    deletes table. None when delta-rs refused before writing: the caller merges through Spark."""
     from deltalake import DeltaTable
 
-    batch = _collect(latest, keys, columns)
     if batch.num_rows == 0:
         return DriverMergeMetrics(0, 0)
     target = DeltaTable(table.current_path)
@@ -92,9 +91,10 @@ def merge_in_driver(
     return metrics
 
 
-def _collect(latest: DataFrame, keys: list[str], columns: list[str]) -> pa.Table:
-    """One row per key with plain columns: ``__key_i``, ``__op``, ``__commit``, ``__lsn``,
-    and per column ``__has_i`` (the batch carried a value) and ``__val_i``."""
+def collected_latest(latest: DataFrame, keys: list[str], columns: list[str]) -> pa.Table:
+    """Spark's latest event per key (``current._latest_per_key``) collected, one row per key
+    with plain columns: ``__key_i``, ``__op``, ``__commit``, ``__lsn``, and per column
+    ``__has_i`` (the batch carried a value) and ``__val_i``."""
     from pyspark.sql import functions as F
 
     flat = latest.select(
@@ -106,6 +106,92 @@ def _collect(latest: DataFrame, keys: list[str], columns: list[str]) -> pa.Table
         *[F.col(f"`__v_{c}`.v").alias(f"__val_{i}") for i, c in enumerate(columns)],
     )
     return flat.toArrow()
+
+
+def latest_in_driver(changes: pa.Table, keys: list[str], columns: list[str]) -> pa.Table | None:
+    """What ``collected_latest`` gives, computed in Arrow from the batch's change events
+    (changelog columns): per key, the latest op and position by (commit LSN, LSN, Kafka
+    partition, offset), and per column the latest value among the events that carried it
+    (not TOASTed, not a delete). None when a key column's type is one Arrow's grouping does
+    not compare as Spark's does (floating point: Spark takes -0.0 = 0.0 and NaN = NaN), or
+    when a column is not in the events' images: then Spark computes it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    image_type = changes.schema.field("after").type
+    names = {image_type.field(i).name: image_type.field(i).type for i in range(image_type.num_fields)}
+    if not all(k in names and _groupable(names[k]) for k in keys) or not all(c in names for c in columns):
+        return None
+    events = changes.filter(pc.not_equal(changes["op"], "t"))
+    if events.num_rows == 0:  # Arrow's kernels refuse columns without chunks; Spark's aggregation takes it
+        return None
+    rows = events.take(pc.sort_indices(events, [(c, "ascending", "at_start") for c in EVENT_ORDER]))
+    rank = pa.array(range(rows.num_rows), pa.int64())  # a row's place in the events' order
+    delete = pc.equal(rows["op"], "d")
+    after = rows["after"]
+    grouped = {
+        f"__key_{i}": pc.if_else(delete, pc.struct_field(rows["before"], k), pc.struct_field(after, k))
+        for i, k in enumerate(keys)
+    }
+    grouped["__rank"] = rank
+    unavailable = rows["unavailable"].combine_chunks()
+    parents, listed = pc.list_parent_indices(unavailable), pc.list_flatten(unavailable)
+    for i, c in enumerate(columns):
+        toasted = pc.is_in(rank, value_set=parents.filter(pc.equal(listed, c)))
+        carried = pc.and_not(pc.invert(toasted), delete)
+        grouped[f"__rank_{i}"] = pc.if_else(carried, rank, pa.scalar(None, pa.int64()))
+    key_names = [f"__key_{i}" for i in range(len(keys))]
+    latest = (
+        pa.table(grouped)
+        .group_by(key_names, use_threads=False)
+        .aggregate([("__rank", "max"), *[(f"__rank_{i}", "max") for i in range(len(columns))]])
+    )
+    last = latest["__rank_max"]
+    out = {name: latest[name] for name in key_names}
+    out |= {"__op": rows["op"].take(last), "__commit": rows["commit_lsn"].take(last), "__lsn": rows["lsn"].take(last)}
+    out |= {f"__has_{i}": pc.is_valid(latest[f"__rank_{i}_max"]) for i in range(len(columns))}
+    out |= {f"__val_{i}": pc.struct_field(after, c).take(latest[f"__rank_{i}_max"]) for i, c in enumerate(columns)}
+    return pa.table(out)
+
+
+EVENT_ORDER = ("commit_lsn", "lsn", "kafka_partition", "kafka_offset")  # current._latest_per_key's ``__order``
+
+
+def collected_events(batch: DataFrame) -> pa.Table:
+    """The columns of a frame of change events that ``latest_in_driver`` reads, collected.
+    Cast to types whose every field may be NULL first: PySpark's ``toArrow`` refuses a NULL
+    image whose type has a field Spark knows is never NULL (a literal, say)."""
+    from pyspark.sql import functions as F
+
+    fields = {f.name: f.dataType for f in batch.schema.fields}
+    return batch.select(*[F.col(c).cast(_nullable(fields[c])).alias(c) for c in EVENT_COLUMNS]).toArrow()
+
+
+EVENT_COLUMNS = ("op", "commit_lsn", "lsn", "kafka_partition", "kafka_offset", "before", "after", "unavailable")
+
+
+def _nullable(kind: Any) -> Any:
+    from pyspark.sql import types as T
+
+    if isinstance(kind, T.StructType):
+        return T.StructType([T.StructField(f.name, _nullable(f.dataType), True) for f in kind.fields])
+    if isinstance(kind, T.ArrayType):
+        return T.ArrayType(_nullable(kind.elementType), True)
+    if isinstance(kind, T.MapType):
+        return T.MapType(kind.keyType, _nullable(kind.valueType), True)
+    return kind
+
+
+def _groupable(kind: pa.DataType) -> bool:
+    """A key type Arrow's hash grouping compares as Spark's ``groupBy`` does: by value."""
+    import pyarrow as pa
+
+    t = pa.types
+    return any(
+        check(kind)
+        for check in (t.is_integer, t.is_string, t.is_large_string, t.is_binary, t.is_large_binary, t.is_decimal,
+                      t.is_date, t.is_timestamp, t.is_boolean)
+    )  # fmt: skip
 
 
 def _merge(target: Any, batch: pa.Table, keys: list[str], columns: list[str]) -> DriverMergeMetrics:

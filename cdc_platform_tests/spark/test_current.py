@@ -312,3 +312,56 @@ def test_a_current_delta_rs_refuses_is_merged_by_spark_with_a_warning(
         assert driver_merge.refused.pop(table.table.current_path)  # expected here; the suite's guard sees none
     else:
         assert table.table.current_path in driver_merge.spark_only and not driver_merge.refused
+
+
+LATEST_ROW = "struct<a:bigint,b:string,v:bigint,s:string,d:decimal(12,2),at:timestamp>"
+
+
+def test_the_drivers_latest_event_per_key_is_sparks(spark: Any) -> None:
+    """delta-rs merges the batch's latest event per key; for a batch the driver holds it is
+    computed in Arrow (``driver_merge.latest_in_driver``). On a random batch of a composite
+    key (NULL in its text part too), duplicates across two Kafka partitions at equal commit
+    positions, deletes with key-only images, TOASTed values and real NULLs, it must equal
+    Spark's (``current._latest_per_key``), row for row. A float key is Spark's to group."""
+    import random
+    from decimal import Decimal
+
+    from pyspark.sql import functions as F
+
+    from cdc_platform.lake.current import _latest_per_key
+    from cdc_platform.lake.driver_merge import collected_events, collected_latest, latest_in_driver
+
+    rng = random.Random(7)
+    columns = ["v", "s", "d", "at"]
+    rows = []
+    for offset in range(600):
+        a, b = rng.randrange(40), rng.choice(["x", "y", None, "ü"])
+        op = rng.choice("ccuuuud")
+        image = {"a": a, "b": b, "v": rng.choice([None, rng.randrange(9)]), "s": rng.choice([None, "t", ""]),
+                 "d": rng.choice([None, Decimal("-1.50"), Decimal("2.00")]),
+                 "at": rng.choice([None, datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)])}  # fmt: skip
+        toasted = [c for c in columns if rng.random() < 0.2] if op == "u" else []
+        before = {"a": a, "b": b, "v": None, "s": None, "d": None, "at": None} if op == "d" else None
+        commit = rng.randrange(30)  # many events share a commit position: the offset decides
+        event = {"kafka_partition": offset % 2, "kafka_offset": offset // 2, "op": op, "commit_lsn": commit,
+                 "lsn": commit + rng.randrange(2), "before": before, "after": None if op == "d" else image,
+                 "unavailable": toasted or rng.choice([None, []]), "source_ts": datetime.now(UTC)}  # fmt: skip
+        rows.append(event)
+    schema = (
+        f"kafka_partition int, kafka_offset long, op string, commit_lsn long, lsn long, before {LATEST_ROW}, "
+        f"after {LATEST_ROW}, unavailable array<string>, source_ts timestamp"
+    )
+    batch = spark.createDataFrame(rows, schema)
+    keys = ["a", "b"]
+    by_spark = collected_latest(_latest_per_key(batch, keys, columns), keys, columns)
+    in_driver = latest_in_driver(collected_events(batch), keys, columns)
+    assert in_driver is not None and in_driver.num_rows == by_spark.num_rows > 100
+    assert in_driver.column_names == by_spark.column_names
+
+    def by_key(table: Any) -> list[Any]:
+        return sorted(table.to_pylist(), key=lambda r: (r["__key_0"], r["__key_1"] or ""))
+
+    assert by_key(in_driver) == by_key(by_spark)
+    assert any(not r["__has_0"] for r in by_key(in_driver)) and any(r["__op"] == "d" for r in by_key(in_driver))
+    floats = batch.withColumn("after", F.col("after").withField("a", F.col("after.a").cast("double")))
+    assert latest_in_driver(collected_events(floats), keys, columns) is None

@@ -231,3 +231,32 @@ def _as_json(frame: Any, offset: int) -> str:
     from pyspark.sql import functions as F
 
     return str(frame.where(F.col("kafka_offset") == offset).select(F.to_json(F.struct("*"))).first())
+
+
+def test_a_batch_held_in_the_driver_has_the_rows_and_statistics_of_the_cached_one(spark: Any) -> None:
+    """A small stream batch is collected once and finished in the driver
+    (``lake.driver_batch``): its records, counts by kind, dead letters, unknown columns and
+    the merge's summary must be those of the cached Spark path (``changelog._decoded``)."""
+    from cdc_platform.lake.changelog import _batch_of, _decoded
+    from cdc_platform.lake.driver_batch import collected_records, kind_statistics
+
+    debezium, _ = _debezium_records()
+    extra = _env({"before": None, "after": {**PLAIN, "added": 1}, "source": SOURCE, "op": "c"})
+    records = [*_platform_records(), *debezium, (_key(9), extra)]
+    encoding = ENCODINGS[0]
+    raw = _raw(spark, records)
+    rows = jvm_decoded(raw, SCHEMA, encoding).cache()
+    cached = _decoded(exact_rows(rows, SCHEMA).unionByName(python_decoded(rows, SCHEMA, encoding)))
+    held, python_rows = collected_records(jvm_decoded(raw, SCHEMA, encoding), SCHEMA, encoding)
+    in_driver = _batch_of(cached.frame, kind_statistics(held), python_rows)
+
+    assert python_rows == rows.where("not __jvm").count() > 10
+    assert in_driver.events == cached.events and {"c", "u", "d", "t", "tombstone"} <= set(in_driver.events)
+    assert in_driver.dead_letters == cached.dead_letters > 10
+    assert in_driver.unknown_columns == cached.unknown_columns and "added" in in_driver.unknown_columns
+    assert in_driver.summary == cached.summary and in_driver.summary.truncate is not None
+    # the same rows (compared in Spark: BC dates and the extreme instants have no Python value)
+    back = spark.createDataFrame(held, schema=cached.frame.schema)
+    assert back.count() == cached.frame.count() == len(records)
+    both = back.exceptAll(cached.frame).union(cached.frame.exceptAll(back))
+    assert both.count() == 0, both.limit(3).collect()

@@ -1,0 +1,96 @@
+"""A small stream batch finished in the driver (no Spark here): its latest event per key and
+its statistics from Arrow follow the merge's rules. Spark's own aggregation is compared
+with them on real frames in ``spark/test_current.py`` and ``spark/test_jvm_decode.py``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+
+from cdc_platform.lake.driver_batch import DEAD, kind_statistics
+from cdc_platform.lake.driver_merge import latest_in_driver
+
+IMAGE = pa.struct([("id", pa.int64()), ("v", pa.string())])
+AT = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+
+
+def _events(rows: list[dict[str, Any]]) -> pa.Table:
+    """Change events in the changelog's column names (those the driver reads)."""
+    defaults = {"before": None, "after": None, "unavailable": [], "error": None, "unknown_columns": None,
+                "source_ts": AT, "kafka_partition": 0}  # fmt: skip
+    schema = pa.schema(
+        [("kafka_partition", pa.int32()), ("kafka_offset", pa.int64()), ("op", pa.string()),
+         ("commit_lsn", pa.int64()), ("lsn", pa.int64()), ("source_ts", pa.timestamp("us", "UTC")),
+         ("before", IMAGE), ("after", IMAGE), ("unavailable", pa.list_(pa.string())), ("error", pa.string()),
+         ("unknown_columns", pa.list_(pa.string()))]
+    )  # fmt: skip
+    return pa.Table.from_pylist([{**defaults, "kafka_offset": i, **r} for i, r in enumerate(rows)], schema)
+
+
+def _latest(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    latest = latest_in_driver(_events(rows), ["id"], ["v"])
+    assert latest is not None
+    return {r["__key_0"]: r for r in latest.to_pylist()}
+
+
+def test_the_latest_event_of_a_key_is_the_greatest_position_not_the_last_offset() -> None:
+    latest = _latest(
+        [
+            {"op": "u", "commit_lsn": 20, "lsn": 5, "after": {"id": 1, "v": "newest"}},
+            {"op": "u", "commit_lsn": 10, "lsn": 9, "after": {"id": 1, "v": "older, later offset"}},
+            # the same position in two partitions: the partition, then the offset, decides
+            {"op": "u", "commit_lsn": 30, "lsn": 1, "after": {"id": 2, "v": "partition 1"}, "kafka_partition": 1},
+            {"op": "u", "commit_lsn": 30, "lsn": 1, "after": {"id": 2, "v": "partition 0"}},
+        ]
+    )
+    assert (latest[1]["__val_0"], latest[1]["__commit"], latest[1]["__lsn"]) == ("newest", 20, 5)
+    assert latest[2]["__val_0"] == "partition 1"
+
+
+def test_a_toasted_value_and_a_delete_carry_nothing_and_a_real_null_is_a_value() -> None:
+    latest = _latest(
+        [
+            {"op": "c", "commit_lsn": 1, "lsn": 1, "after": {"id": 1, "v": "kept"}},
+            {"op": "u", "commit_lsn": 2, "lsn": 2, "after": {"id": 1, "v": None}, "unavailable": ["v"]},
+            {"op": "u", "commit_lsn": 3, "lsn": 3, "after": {"id": 2, "v": None}},
+            {"op": "u", "commit_lsn": 4, "lsn": 4, "after": {"id": 3, "v": None}, "unavailable": ["v"]},
+            {"op": "d", "commit_lsn": 5, "lsn": 5, "before": {"id": 4, "v": None}},
+            {"op": "t", "commit_lsn": 6, "lsn": 6},  # a truncate is not a key's event
+        ]
+    )
+    assert sorted(latest) == [1, 2, 3, 4]
+    assert (latest[1]["__op"], latest[1]["__has_0"], latest[1]["__val_0"]) == ("u", True, "kept")
+    assert (latest[2]["__has_0"], latest[2]["__val_0"]) == (True, None)  # NULL set by the source
+    assert latest[3]["__has_0"] is False  # current keeps its value
+    assert (latest[4]["__op"], latest[4]["__has_0"], latest[4]["__commit"]) == ("d", False, 5)
+
+
+def test_a_float_key_is_left_to_spark() -> None:
+    events = _events([{"op": "c", "commit_lsn": 1, "lsn": 1, "after": {"id": 1, "v": "x"}}])
+    floating = pa.struct([("id", pa.float64()), ("v", pa.string())])
+    schema = events.schema.set(events.schema.get_field_index("after"), pa.field("after", floating))
+    assert latest_in_driver(events.cast(schema), ["id"], ["v"]) is None
+
+
+def test_statistics_per_kind_of_record() -> None:
+    kinds = {
+        k["kind"]: k
+        for k in kind_statistics(
+            _events(
+                [
+                    {"op": "c", "commit_lsn": 7, "lsn": 7, "after": {"id": 1, "v": "x"}, "unknown_columns": ["new"]},
+                    {"op": "c", "commit_lsn": 3, "lsn": 3, "after": {"id": 2, "v": "x"}},
+                    {"op": "t", "commit_lsn": 9, "lsn": 2},
+                    {"op": "t", "commit_lsn": 9, "lsn": 4},
+                    {"op": None, "commit_lsn": None, "lsn": None, "source_ts": None},
+                    {"op": None, "error": "not JSON", "source_ts": None, "commit_lsn": None, "lsn": None},
+                ]
+            )
+        )
+    }
+    assert set(kinds) == {"c", "t", "tombstone", DEAD}
+    assert (kinds["c"]["n"], kinds["c"]["lo"], kinds["c"]["hi"], kinds["c"]["unknown"]) == (2, 3, 7, ["new"])
+    assert kinds["t"]["t"] == {"commit_lsn": 9, "lsn": 4} and kinds["c"]["t"] is None
+    assert (kinds["tombstone"]["n"], kinds[DEAD]["n"], kinds[DEAD]["ts"]) == (1, 1, None)
