@@ -48,12 +48,12 @@ CHANGES = 10_000
 WATERMARK = 1000
 
 
-def make_config(root: Path, history: bool = False) -> PlatformConfig:
+def make_config(root: Path, history: bool = False, driver_merge_max_rows: int | None = None) -> PlatformConfig:
     return PlatformConfig.model_validate(
         {
             "sources": {"bm": {"database": "bm", "user": "u", "password_env": "UNUSED"}},
             "kafka": {"bootstrap_servers": "127.0.0.1:1"},
-            "lake": {"root": str(root)},
+            "lake": {"root": str(root), "driver_merge_max_rows": driver_merge_max_rows},
             "tables": [{"name": "bm.public.t", "primary_key": ["id"], "history": history}],
         }
     )
@@ -94,12 +94,14 @@ def commit_next_generation(table: LakeTable, ledger: Ledger, generation: str) ->
     ledger.record_generation(taken)
 
 
-def bench(spark: object, size: int, root: Path) -> tuple[float, float, float, float]:
+def bench(
+    spark: object, size: int, root: Path, driver_merge_max_rows: int | None = None
+) -> tuple[float, float, float, float]:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     assert isinstance(spark, SparkSession)
-    config = make_config(root)
+    config = make_config(root, driver_merge_max_rows=driver_merge_max_rows)
     table = lake_table(config, config.tables[0])
     ledger = Ledger(config.lake.root)
     commit_generation(spark, table, ledger, size)
@@ -180,6 +182,10 @@ def main() -> None:
     parser.add_argument(
         "--java-options", default="", help="more driver JVM options, e.g. -XX:+UseG1GC (Java's default collector)"
     )
+    parser.add_argument(
+        "--driver-merge-max-rows", type=int, default=None,
+        help="lake.driver_merge_max_rows (default: the platform's, 1M): currents up to it merge by delta-rs",
+    )  # fmt: skip
     args = parser.parse_args()
     conf = {}  # the platform's defaults: what a user's local driver runs
     if args.java_options:
@@ -189,12 +195,13 @@ def main() -> None:
     )
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_merge_") as tmp:
-        bench(spark, 1000, Path(tmp) / "warmup")  # JIT and Delta code paths warm
+        bench(spark, 1000, Path(tmp) / "warmup", args.driver_merge_max_rows)  # JIT and Delta code paths warm
         for size in args.sizes:
-            results.append((size, *bench(spark, size, Path(tmp) / str(size))))
+            results.append((size, *bench(spark, size, Path(tmp) / str(size), args.driver_merge_max_rows)))
     print(
         f"\nmerge of {CHANGES} changes into current (same run; baseline = current rebuilt in place from a new "
-        "generation; first load = a new current, with Delta's first auto compaction)"
+        "generation; first load = a new current, with Delta's first auto compaction); lake.driver_merge_max_rows: "
+        f"{'the default' if args.driver_merge_max_rows is None else args.driver_merge_max_rows}"
     )
     for size, first_load_s, rebuild_s, stream_s, window_s in results:
         print(

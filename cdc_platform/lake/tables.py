@@ -33,6 +33,7 @@ class LakeTable:
     encoding: ValueEncoding  # how the topic's producer writes values (Debezium's representation settings)
     deletion_vectors: bool = True  # current's MERGEs mark rows instead of rewriting files (lake.deletion_vectors)
     decoder: str = "auto"  # the source's apply.decoder: jvm, python or auto
+    driver_merge_max_rows: int | None = None  # lake.driver_merge_max_rows; None: driver_merge's default
 
     @property
     def root(self) -> str:
@@ -80,7 +81,7 @@ def lake_table(config: PlatformConfig, table: TableConfig) -> LakeTable:
     source = config.sources[table.source]
     return LakeTable(
         table, config.lake.root, config.topic_for(table), source.value_encoding(), config.lake.deletion_vectors,
-        source.apply.decoder,
+        source.apply.decoder, config.lake.driver_merge_max_rows,
     )  # fmt: skip
 
 

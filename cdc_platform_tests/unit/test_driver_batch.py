@@ -94,3 +94,39 @@ def test_statistics_per_kind_of_record() -> None:
     assert (kinds["c"]["n"], kinds["c"]["lo"], kinds["c"]["hi"], kinds["c"]["unknown"]) == (2, 3, 7, ["new"])
     assert kinds["t"]["t"] == {"commit_lsn": 9, "lsn": 4} and kinds["c"]["t"] is None
     assert (kinds["tombstone"]["n"], kinds[DEAD]["n"], kinds[DEAD]["ts"]) == (1, 1, None)
+
+
+def _lake_table(driver_merge_max_rows: int | None) -> Any:
+    from cdc_platform.config.model import PlatformConfig
+    from cdc_platform.lake.tables import lake_table
+
+    lake: dict[str, Any] = {"root": "/unused"}
+    if driver_merge_max_rows is not None:
+        lake["driver_merge_max_rows"] = driver_merge_max_rows
+    config = PlatformConfig.model_validate(
+        {"sources": {"s": {"database": "d", "user": "u", "password_env": "UNUSED"}},
+         "kafka": {"bootstrap_servers": "127.0.0.1:1"}, "lake": lake, "tables": [{"name": "s.public.t"}]}
+    )  # fmt: skip
+    return lake_table(config, config.tables[0])
+
+
+def test_which_currents_merge_in_the_driver_follows_lake_driver_merge_max_rows() -> None:
+    """Unset, currents up to 1M rows merge by delta-rs; a user who raises the bound gets
+    the driver's copy on write for bigger ones, and 0 keeps every current with rows in Spark."""
+    from cdc_platform.lake.driver_merge import merges_in_driver
+
+    def in_driver(bound: int | None, rows: int, changes: int = 100) -> bool:
+        return merges_in_driver(_lake_table(bound), rows, changes, False, ["id", "v"])
+
+    assert in_driver(None, 1_000_000) and not in_driver(None, 1_000_001)
+    assert in_driver(10_000_000, 10_000_000) and not in_driver(10_000_000, 10_000_001)
+    assert not in_driver(0, 1) and not in_driver(0, 0)
+    assert not in_driver(10_000_000, 5_000_000, changes=10_001)  # a backlog is Spark's whatever the bound
+
+
+def test_a_negative_driver_merge_bound_is_refused_naming_the_field() -> None:
+    import pydantic
+    import pytest
+
+    with pytest.raises(pydantic.ValidationError, match="driver_merge_max_rows"):
+        _lake_table(-5)
