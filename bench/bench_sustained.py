@@ -129,11 +129,11 @@ def main() -> None:
     run = SustainedRun(args, tag)
     capture = open_source(run.config, "shop").capture(CaptureSettings(status_interval_s=1))
     steps: list[Step] = []
+    applying = threading.Thread(target=run.apply, daemon=True)
     try:
         open_source(run.config, "shop").capture(CaptureSettings(until_caught_up=True)).run()  # slot and topic
         run.lake.snapshot(run.table.key, "g1")
         threading.Thread(target=capture.run, daemon=True).start()
-        applying = threading.Thread(target=run.apply, daemon=True)
         applying.start()
         while run.engine is None or not run.engine.positions():
             time.sleep(1)
@@ -149,6 +149,8 @@ def main() -> None:
     finally:
         run.stop.set()
         capture.stop()
+        if applying.is_alive():  # its batch finished before the topic goes (an exit mid-batch crashed in native code)
+            applying.join(timeout=180)
         bench_lake.cleanup(run.config, tag)
     report(steps)
 

@@ -438,7 +438,7 @@ class LakeConfig(_Strict):
     driver_merge_max_rows: int | None = Field(
         default=None,
         ge=0,
-        description="Currents of up to this many rows take a batch of up to 10 000 changes by delta-rs in the "
+        description="Currents of up to this many rows take a batch of up to 200 000 changes by delta-rs in the "
         "driver (copy on write: the files the batch touches are rewritten) instead of Spark's MERGE with deletion "
         "vectors (~2 s of fixed cost a batch on 2 cores). Raising it trades disk writes for freshness: 10k random "
         "changes into 10M rows take ~2 s instead of ~4.6 s, but rewrite every file they touch (the old files stay "

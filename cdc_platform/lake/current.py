@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from cdc_platform.lake import driver_merge
 from cdc_platform.lake.crash_points import crash_point
 from cdc_platform.lake.driver_merge import (
     collected_events,
@@ -476,7 +477,7 @@ def _merge(
     if summary.truncate is not None:
         batch = _truncate(DeltaTable.forPath(spark, table.current_path), batch, *summary.truncate)
     if merges_in_driver(table, current_rows, summary.changes, summary.truncate is not None, [*keys, *columns]):
-        latest_rows = _latest_for_driver(spark, table, batch, arrow, keys, columns, guard)
+        latest_rows = _latest_for_driver(spark, table, batch, arrow, keys, columns, guard, summary.changes)
         driver = merge_in_driver(table, latest_rows, keys, columns, summary.deletes > 0)
         if driver is not None:
             return _Batch(summary.changes, summary.max_commit, summary.max_ts, driver.inserted - driver.deleted)
@@ -503,15 +504,17 @@ def _merge(
 
 def _latest_for_driver(
     spark: SparkSession, table: LakeTable, batch: DataFrame, arrow: pa.Table | None, keys: list[str],
-    columns: list[str], guard: bool,
+    columns: list[str], guard: bool, changes: int,
 ) -> pa.Table:  # fmt: skip
     """The batch's latest event per key for delta-rs' merge: computed in Arrow from the
-    batch's events (``arrow``, or collected: one plain Spark job, no shuffle), or by Spark
-    when the resurrection guard must join the remembered deletes (a replayed batch) or
-    Arrow's grouping cannot take the key (``driver_merge.latest_in_driver``)."""
+    batch's events (``arrow``, or up to ``DRIVER_EVENTS_MAX`` of them collected: one plain
+    Spark job, no shuffle), or by Spark and then collected, one row per key: for a bigger
+    batch (its whole events would be a backlog in the driver's memory), when the
+    resurrection guard must join the remembered deletes (a replayed batch), or when Arrow's
+    grouping cannot take the key (``driver_merge.latest_in_driver``)."""
     from pyspark.sql import functions as F
 
-    if not guard:
+    if not guard and (arrow is not None or changes <= driver_merge.DRIVER_EVENTS_MAX):
         latest = latest_in_driver(arrow if arrow is not None else collected_events(batch), keys, columns)
         if latest is not None:
             return latest

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.lake.driver_merge import (
-    DRIVER_MERGE_MAX_CHANGES,
     arrow_schema_of,
     delta_rs_writes,
     driver_writes,
@@ -40,7 +39,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
-DRIVER_APPEND_MAX_ROWS = DRIVER_MERGE_MAX_CHANGES  # collected to the driver: a micro-batch, not a backlog
+DRIVER_APPEND_MAX_ROWS = 10_000  # whole change rows collected to the driver: a micro-batch, not a backlog
 MIN_FILES_CONF = "spark.databricks.delta.autoCompact.minNumFiles"
 MIN_FILES_DEFAULT = 50  # Delta's
 

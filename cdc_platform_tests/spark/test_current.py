@@ -25,14 +25,20 @@ def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
     yield from make_capture_env(demo_db, tmp_path, DDL, ["items", "lines"])
 
 
-@pytest.fixture(params=["driver", "spark"], ids=["merged by delta-rs in the driver", "merged by Spark"])
+@pytest.fixture(
+    params=["driver", "driver, latest by Spark", "spark"],
+    ids=["merged by delta-rs in the driver", "merged by delta-rs, latest per key by Spark", "merged by Spark"],
+)
 def merge_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A small current merges in the driver (``lake.driver_merge``); with the threshold
-    below every table, through Spark's MERGE. The merge rules hold on both."""
+    """A small current merges in the driver (``lake.driver_merge``), the latest event per
+    key computed in Arrow; a batch too big to collect whole has it computed by Spark first;
+    with the threshold below every table, through Spark's MERGE. The merge rules hold on all."""
     from cdc_platform.lake import driver_merge
 
     if request.param == "spark":
         monkeypatch.setattr(driver_merge, "DRIVER_MERGE_MAX_ROWS", -1)
+    if request.param == "driver, latest by Spark":
+        monkeypatch.setattr(driver_merge, "DRIVER_EVENTS_MAX", -1)
     return str(request.param)
 
 
@@ -42,7 +48,7 @@ def assert_merged_by(path: str, merge_path: str) -> None:
 
     merges = [c for c in DeltaTable(path).history() if c.get("operation") == "MERGE"]
     by_delta_rs = [str(c.get("clientVersion", "")).startswith("delta-rs") for c in merges]
-    assert merges and all(d is (merge_path == "driver") for d in by_delta_rs), merges
+    assert merges and all(d is (merge_path != "spark") for d in by_delta_rs), merges
 
 
 def test_current_equals_source_after_a_mixed_workload(env: CaptureEnv, spark: Any) -> None:

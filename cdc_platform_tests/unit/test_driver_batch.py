@@ -111,9 +111,13 @@ def _lake_table(driver_merge_max_rows: int | None) -> Any:
 
 
 def test_which_currents_merge_in_the_driver_follows_lake_driver_merge_max_rows() -> None:
-    """Unset, currents up to 1M rows merge by delta-rs; a user who raises the bound gets
-    the driver's copy on write for bigger ones, and 0 keeps every current with rows in Spark."""
-    from cdc_platform.lake.driver_merge import merges_in_driver
+    """Unset, currents up to 1M rows merge by delta-rs, batches up to the default batch's
+    size; a user who raises the bound gets the driver's copy on write for bigger currents,
+    and 0 keeps every current with rows in Spark."""
+    from cdc_platform.config.model import ApplyConfig
+    from cdc_platform.lake.driver_merge import DRIVER_MERGE_MAX_CHANGES, merges_in_driver
+
+    assert ApplyConfig().max_offsets_per_batch <= DRIVER_MERGE_MAX_CHANGES  # a default batch may merge in the driver
 
     def in_driver(bound: int | None, rows: int, changes: int = 100) -> bool:
         return merges_in_driver(_lake_table(bound), rows, changes, False, ["id", "v"])
@@ -121,7 +125,9 @@ def test_which_currents_merge_in_the_driver_follows_lake_driver_merge_max_rows()
     assert in_driver(None, 1_000_000) and not in_driver(None, 1_000_001)
     assert in_driver(10_000_000, 10_000_000) and not in_driver(10_000_000, 10_000_001)
     assert not in_driver(0, 1) and not in_driver(0, 0)
-    assert not in_driver(10_000_000, 5_000_000, changes=10_001)  # a backlog is Spark's whatever the bound
+    big = DRIVER_MERGE_MAX_CHANGES + 1
+    assert in_driver(None, 100_000, changes=DRIVER_MERGE_MAX_CHANGES)  # a default batch of 200k offsets
+    assert not in_driver(10_000_000, 5_000_000, changes=big)  # a bigger one is Spark's whatever the bound
 
 
 def test_a_negative_driver_merge_bound_is_refused_naming_the_field() -> None:
