@@ -441,7 +441,7 @@ class LakeConfig(_Strict):
         description="Currents of up to this many rows take a batch of up to 200 000 changes by delta-rs in the "
         "driver (copy on write: the files the batch touches are rewritten) instead of Spark's MERGE with deletion "
         "vectors (~2 s of fixed cost a batch on 2 cores). Raising it trades disk writes for freshness: 10k random "
-        "changes into 10M rows take ~2 s instead of ~4.6 s, but rewrite every file they touch (the old files stay "
+        "changes into 10M rows take ~2.6 s instead of 5-8 s, but rewrite every file they touch (the old files stay "
         "until a VACUUM), and the driver holds the touched files' rows while it rewrites them. Unset: 1 000 000; "
         "0: always Spark.",
     )

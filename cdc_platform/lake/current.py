@@ -44,11 +44,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from cdc_platform.lake import driver_merge
 from cdc_platform.lake.crash_points import crash_point
 from cdc_platform.lake.driver_merge import (
     collected_events,
     collected_latest,
+    events_collected_whole,
     latest_in_driver,
     merge_in_driver,
     merges_in_driver,
@@ -507,14 +507,14 @@ def _latest_for_driver(
     columns: list[str], guard: bool, changes: int,
 ) -> pa.Table:  # fmt: skip
     """The batch's latest event per key for delta-rs' merge: computed in Arrow from the
-    batch's events (``arrow``, or up to ``DRIVER_EVENTS_MAX`` of them collected: one plain
+    batch's events (``arrow``, or collected when ``events_collected_whole``: one plain
     Spark job, no shuffle), or by Spark and then collected, one row per key: for a bigger
     batch (its whole events would be a backlog in the driver's memory), when the
     resurrection guard must join the remembered deletes (a replayed batch), or when Arrow's
     grouping cannot take the key (``driver_merge.latest_in_driver``)."""
     from pyspark.sql import functions as F
 
-    if not guard and (arrow is not None or changes <= driver_merge.DRIVER_EVENTS_MAX):
+    if not guard and (arrow is not None or events_collected_whole(changes)):
         latest = latest_in_driver(arrow if arrow is not None else collected_events(batch), keys, columns)
         if latest is not None:
             return latest

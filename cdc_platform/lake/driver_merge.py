@@ -6,8 +6,8 @@ cost of the merge"). For a current of up to ``DRIVER_MERGE_MAX_ROWS`` rows, delt
 (Rust, DataFusion, in this process) merges the same batch in 0.05-0.2 s: it rewrites the
 touched files (copy on write), which at this size costs less than Spark's planning.
 Bigger currents keep Spark's MERGE with deletion vectors, whose cost follows the changes,
-unless ``lake.driver_merge_max_rows`` is raised: 10k changes into 10M rows then take ~2 s
-against Spark's ~4.6 s, and each batch rewrites every file it touches.
+unless ``lake.driver_merge_max_rows`` is raised: 10k changes into 10M rows then take ~2.6 s
+against Spark's 5-8 s, and each batch rewrites every file it touches.
 
 The batch is what Spark's MERGE gets, one row per key: ``latest_in_driver`` from the
 batch's events in Arrow, or ``_latest_per_key`` (and the resurrection guard) in Spark
@@ -77,6 +77,13 @@ def merges_in_driver(
     if changes > DRIVER_MERGE_MAX_CHANGES or not driver_writes(table.current_path):
         return False
     return all(_plain_name(c) for c in names)
+
+
+def events_collected_whole(changes: int) -> bool:
+    """Whether a batch of ``changes`` events the driver does not hold yet is collected whole
+    (both images) for ``latest_in_driver``; a bigger one is aggregated by Spark first and
+    collected one row per key (``collected_latest``)."""
+    return changes <= DRIVER_EVENTS_MAX
 
 
 def merge_in_driver(
