@@ -445,6 +445,23 @@ class LakeConfig(_Strict):
         "until a VACUUM), and the driver holds the touched files' rows while it rewrites them. Unset: 1 000 000; "
         "0: always Spark.",
     )
+    retain_old_files_hours: int = Field(
+        default=24,
+        ge=0,
+        description="How long files a commit replaced stay on disk for readers of older versions (time travel, "
+        "a query that started before the commit) before the stream apply's VACUUM deletes them, for current, "
+        "history, the changelog and the deletes table. Also set as each table's "
+        "delta.deletedFileRetentionDuration, so your own VACUUM agrees. Each batch replaces files (the driver's "
+        "merge rewrites those it touches), so disk use grows with this retention times the write rate. 0 is "
+        "for tests only: a reader of the version before a commit can lose its files.",
+    )
+    vacuum_every_minutes: float | None = Field(
+        default=60,
+        ge=0,
+        description="How often the stream apply deletes each table's files older than retain_old_files_hours "
+        "(delta-rs VACUUM in the driver, milliseconds a table on a local disk; a scheduled run does it on its "
+        "first pass). null: never (run VACUUM yourself, or the lake's disk use grows with every batch).",
+    )
 
 
 class SparkConfig(_Strict):

@@ -45,6 +45,10 @@ applying twice changes nothing. A table's failure stops that table only: retriab
 retry with backoff, fatal ones (a hole, an incompatible schema, dead letters under
 ``errors.tolerance: none``) park the table, with the fix in the log, until a new
 generation is committed or the process restarts.
+
+After a table's pass, the files its Delta tables replaced more than
+``lake.retain_old_files_hours`` ago are deleted, on the table's first pass in the process
+and then every ``lake.vacuum_every_minutes`` (``lake.maintenance``).
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ from cdc_platform.lake.current import (
 )
 from cdc_platform.lake.errors import classify_spark_error
 from cdc_platform.lake.ledger import Ledger
+from cdc_platform.lake.maintenance import VacuumCadence
 from cdc_platform.lake.tables import LakeTable
 from cdc_platform.model.coverage import OffsetRange, behind, walk
 from cdc_platform.model.errors import CdcError, FatalError, RetriableError
@@ -311,6 +316,7 @@ class StreamApply:
         self.health = {t.key: TableHealth() for t in self.tables}
         self.states: dict[str, TableState] = {}
         self.lease = ApplyLease(ledger, [t.apply_scope for t in self.tables])
+        self.vacuums = VacuumCadence()  # old files of each table's Delta tables (lake.vacuum_every_minutes)
         self.pool = ThreadPoolExecutor(max(1, min(settings.tables_at_once(), len(self.tables))), "apply")
         # --once: per table, the end offsets when it started (what "available" means)
         self.until: dict[str, dict[int, int]] | None = None
@@ -357,6 +363,7 @@ class StreamApply:
             log.error("%s [%s]: %s", table.key, error.kind, error)
             return None
         health.succeeded()
+        self.vacuums.maintain(table)  # after the batch: a due VACUUM never delays the table's changes
         return applied
 
     def run_until_caught_up(self) -> list[TableApplied]:

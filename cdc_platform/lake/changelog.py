@@ -431,7 +431,7 @@ def _write_window(
     ):
         # mergeSchema: a column the source added (compatible change) joins the images
         writer = good.write.format("delta").option("mergeSchema", "true")
-        options = {**table_options(good.schema, partition_by=("window_start",)), **AUTO_COMPACT}
+        options = {**table_options(good.schema, partition_by=("window_start",)), **AUTO_COMPACT, **table.retention}
         _write_mode(writer, window, batch, table).options(**options).partitionBy("window_start").save(
             table.changelog_path
         )

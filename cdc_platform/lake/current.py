@@ -246,10 +246,10 @@ def streamed_position(ledger: Ledger, table: LakeTable) -> CurrentResult:
 def ensure_table_properties(spark: SparkSession, table: LakeTable) -> None:
     """Tables of older lakes (or overwritten in place) get today's properties: current and
     history deletion vectors (unless ``lake.deletion_vectors: false``), and current, the
-    deletes table, history and the changelog auto compaction. Set once each; the next
-    commit uses them."""
+    deletes table, history and the changelog auto compaction and the configured retention of
+    replaced files (``lake.retain_old_files_hours``). Set once each; the next commit uses them."""
     wanted = {table.current_path: _merged_into(table)}
-    wanted[table.deletes_path] = wanted[table.changelog_path] = AUTO_COMPACT
+    wanted[table.deletes_path] = wanted[table.changelog_path] = {**AUTO_COMPACT, **table.retention}
     if table.config.history:
         wanted[table.history_path] = _merged_into(table)
     for path, properties in wanted.items():
@@ -260,7 +260,7 @@ def _merged_into(table: LakeTable) -> dict[str, str]:
     """The properties of a table every batch MERGEs into (current, history): a MERGE marks
     the rows it replaces instead of copying the rest of their files (without, history's
     MERGE rewrote every file a batch's keys touched: its cost grew with the history)."""
-    return {**(DELETION_VECTORS if table.deletion_vectors else {}), **AUTO_COMPACT}
+    return {**(DELETION_VECTORS if table.deletion_vectors else {}), **AUTO_COMPACT, **table.retention}
 
 
 def _ensure_properties(spark: SparkSession, path: str, properties: dict[str, str]) -> None:
@@ -309,7 +309,7 @@ def _rebuild(
     key_schema = ", ".join(f"`{k}` {frame.schema[k].dataType.simpleString()}" for k in keys)
     deletes = spark.createDataFrame([], f"{key_schema}, _cdc_commit_lsn long, _cdc_lsn long")
     deletes.write.format("delta").mode("overwrite").option("overwriteSchema", "true").options(
-        **table_options(deletes.schema), **AUTO_COMPACT
+        **table_options(deletes.schema), **AUTO_COMPACT, **table.retention
     ).save(table.deletes_path)
     if table.config.history:
         ensure_history_table(spark, table.history_path, frame.schema, _merged_into(table))

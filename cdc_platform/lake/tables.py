@@ -34,6 +34,14 @@ class LakeTable:
     deletion_vectors: bool = True  # current's MERGEs mark rows instead of rewriting files (lake.deletion_vectors)
     decoder: str = "auto"  # the source's apply.decoder: jvm, python or auto
     driver_merge_max_rows: int | None = None  # lake.driver_merge_max_rows; None: driver_merge's default
+    retain_old_files_hours: int = 24  # lake.retain_old_files_hours
+    vacuum_every_s: float | None = 3600.0  # lake.vacuum_every_minutes; None: never
+
+    @property
+    def retention(self) -> dict[str, str]:
+        """The Delta property that keeps replaced files ``retain_old_files_hours`` (what Spark's
+        and delta-rs' VACUUM read when not told a retention)."""
+        return {"delta.deletedFileRetentionDuration": f"interval {self.retain_old_files_hours} hours"}
 
     @property
     def root(self) -> str:
@@ -81,7 +89,8 @@ def lake_table(config: PlatformConfig, table: TableConfig) -> LakeTable:
     source = config.sources[table.source]
     return LakeTable(
         table, config.lake.root, config.topic_for(table), source.value_encoding(), config.lake.deletion_vectors,
-        source.apply.decoder, config.lake.driver_merge_max_rows,
+        source.apply.decoder, config.lake.driver_merge_max_rows, config.lake.retain_old_files_hours,
+        None if config.lake.vacuum_every_minutes is None else config.lake.vacuum_every_minutes * 60,
     )  # fmt: skip
 
 

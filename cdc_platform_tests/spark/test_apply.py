@@ -717,3 +717,75 @@ def load_config_text(tmp_path: Path) -> Any:
         "kafka: {bootstrap_servers: '127.0.0.1:1'}\nlake: {root: lake}\ntables: [{name: s.public.t}]\n"
     )
     return load_config(path)
+
+
+@pytest.mark.parametrize("merge", ["driver", "spark"])
+def test_the_apply_deletes_the_files_its_batches_replaced(one_table_env: CaptureEnv, spark: Any, merge: str) -> None:
+    """Batches replace files of current: the driver's merge rewrites the files it touches,
+    Spark's MERGE (``driver_merge_max_rows: 0``) writes deletion vectors and its auto
+    compaction rewrites small files. With no retention and a VACUUM on every pass, the
+    apply leaves no replaced file on disk, and current (its deletion vectors included)
+    still holds the source's rows. Without the VACUUM the replaced files stay: the check
+    of the disk fails."""
+    env = one_table_env
+    settings = "  retain_old_files_hours: 0\n  vacuum_every_minutes: 0\n"
+    settings += "  driver_merge_max_rows: 0\n" if merge == "spark" else ""
+    env.config_path.write_text(
+        env.config_path.read_text().replace("lake:\n  root: lake\n", f"lake:\n  root: lake\n{settings}")
+    )
+    lake, keys = Lake(env.config, spark), _keys(env)
+    table = lake.table(keys[0])
+    assert table.retain_old_files_hours == 0 and table.vacuum_every_s == 0
+    _changes(env, seed=1, first_id=1)
+    env.run_until_caught_up()
+    lake.snapshot(keys[0], "g1")
+    spark.conf.set(MIN_FILES, "4")  # Spark's MERGEs reach auto compaction within the test
+    try:
+        with env.stream_apply(spark) as engine:
+            for i in range(5):
+                _changes(env, seed=30 + i, first_id=1000 * (i + 1), transactions=15)
+                with env.app() as app:  # rows of earlier batches: the files holding them are replaced
+                    app.execute("UPDATE items SET qty = qty + 1 WHERE id %% 3 = %s", (i % 3,))
+                    app.execute("DELETE FROM items WHERE id = (SELECT min(id) FROM items)")
+                env.run_until_caught_up()
+                engine.run_until_caught_up()
+    finally:
+        spark.conf.unset(MIN_FILES)
+    for path in (table.current_path, table.changelog_path):
+        ever, live = _files_ever_added(path), _live_files(path)
+        replaced = ever - live
+        assert replaced, f"no batch replaced a file of {path}: nothing to vacuum, the test proves nothing"
+        on_disk = {str(p.relative_to(path)) for p in Path(path).rglob("*.parquet")}
+        assert not (replaced & on_disk), sorted(replaced & on_disk)[:5]
+        assert live <= on_disk
+    if merge == "spark":  # current's rows replaced by Spark's MERGEs are marked in deletion vectors, kept
+        assert list(Path(table.current_path).glob("deletion_vector_*.bin")), "no deletion vector: nothing proven"
+    vacuums = [
+        r for r in DeltaTable.forPath(spark, table.current_path).history().collect() if "VACUUM" in r["operation"]
+    ]
+    assert vacuums, "no VACUUM commit in current's log"
+    assert_current_equals_source(lake, keys, at_least=20)
+
+
+def _files_ever_added(path: str) -> set[str]:
+    """Every data file a commit of the table's log added (relative paths)."""
+    import json
+    from urllib.parse import unquote
+
+    added = set()
+    for commit in sorted(Path(path, "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            action = json.loads(line)
+            if "add" in action:
+                added.add(unquote(action["add"]["path"]))
+    return added
+
+
+def _live_files(path: str) -> set[str]:
+    """The data files of the table's latest version (relative paths), from its log."""
+    from urllib.parse import unquote
+
+    import pyarrow as pa
+    from deltalake import DeltaTable as RsTable
+
+    return {unquote(p) for p in pa.table(RsTable(path).get_add_actions(flatten=True))["path"].to_pylist()}
