@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from cdc_platform.config.model import ErrorTolerance, KafkaConfig
 from cdc_platform.kafka.clients import KafkaClients, worker_options
 from cdc_platform.lake.crash_points import crash_point
-from cdc_platform.lake.current import AUTO_COMPACT, BatchSummary
+from cdc_platform.lake.current import BatchSummary, appended_to
 from cdc_platform.lake.driver_append import append_in_driver, spark_appends
 from cdc_platform.lake.driver_batch import DEAD, collected_records, fits_in_driver, kind_statistics
 from cdc_platform.lake.lake_types import row_type
@@ -431,7 +431,7 @@ def _write_window(
     ):
         # mergeSchema: a column the source added (compatible change) joins the images
         writer = good.write.format("delta").option("mergeSchema", "true")
-        options = {**table_options(good.schema, partition_by=("window_start",)), **AUTO_COMPACT, **table.retention}
+        options = {**table_options(good.schema, partition_by=("window_start",)), **appended_to(table)}
         _write_mode(writer, window, batch, table).options(**options).partitionBy("window_start").save(
             table.changelog_path
         )

@@ -249,7 +249,7 @@ def ensure_table_properties(spark: SparkSession, table: LakeTable) -> None:
     deletes table, history and the changelog auto compaction and the configured retention of
     replaced files (``lake.retain_old_files_hours``). Set once each; the next commit uses them."""
     wanted = {table.current_path: _merged_into(table)}
-    wanted[table.deletes_path] = wanted[table.changelog_path] = {**AUTO_COMPACT, **table.retention}
+    wanted[table.deletes_path] = wanted[table.changelog_path] = appended_to(table)
     if table.config.history:
         wanted[table.history_path] = _merged_into(table)
     for path, properties in wanted.items():
@@ -261,6 +261,12 @@ def _merged_into(table: LakeTable) -> dict[str, str]:
     the rows it replaces instead of copying the rest of their files (without, history's
     MERGE rewrote every file a batch's keys touched: its cost grew with the history)."""
     return {**(DELETION_VECTORS if table.deletion_vectors else {}), **AUTO_COMPACT, **table.retention}
+
+
+def appended_to(table: LakeTable) -> dict[str, str]:
+    """The properties of a table batches append to (the changelog, the deletes table): auto
+    compaction and the retention of replaced files."""
+    return {**AUTO_COMPACT, **table.retention}
 
 
 def _ensure_properties(spark: SparkSession, path: str, properties: dict[str, str]) -> None:
@@ -309,7 +315,7 @@ def _rebuild(
     key_schema = ", ".join(f"`{k}` {frame.schema[k].dataType.simpleString()}" for k in keys)
     deletes = spark.createDataFrame([], f"{key_schema}, _cdc_commit_lsn long, _cdc_lsn long")
     deletes.write.format("delta").mode("overwrite").option("overwriteSchema", "true").options(
-        **table_options(deletes.schema), **AUTO_COMPACT, **table.retention
+        **table_options(deletes.schema), **appended_to(table)
     ).save(table.deletes_path)
     if table.config.history:
         ensure_history_table(spark, table.history_path, frame.schema, _merged_into(table))
