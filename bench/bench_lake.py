@@ -22,7 +22,7 @@ import json
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -48,48 +48,55 @@ from cdc_platform.sources.postgres.slot import drop_slot
 TABLE = "bench_lake_rows"
 
 
-def prepare(rows: int, tag: str, changelog: dict[str, object] | None = None) -> PlatformConfig:
-    """A ``rows``-row table ``TABLE`` in the dev stack with its own publication, slot and
-    topic prefix (``tag``), and a config holding just that table."""
+def prepare(
+    rows: int, tag: str, changelog: dict[str, object] | None = None, tables: Sequence[str] | None = None
+) -> PlatformConfig:
+    """``rows``-row tables (``TABLE`` unless ``tables`` names others) in the dev stack with
+    their own publication, slot and topic prefix (``tag``), and a config holding just them."""
+    names = list(tables or [TABLE])
     prof = profile("dev")
     stack_up(prof)
     load_stack_env(prof)
     list(setup_demo(prof))
     with app_connect(prof) as app:
-        app.execute(f"DROP TABLE IF EXISTS {TABLE}")
-        app.execute(
-            f"""CREATE TABLE {TABLE} (id bigint PRIMARY KEY, amount numeric(12,2), label text,
-                                     at timestamptz, doc jsonb)"""
-        )
-        app.execute(
-            f"""INSERT INTO {TABLE} SELECT g, (g %% 100000) / 100.0, md5(g::text), now() - g * interval '1 s',
-                       jsonb_build_object('g', g, 'tag', 'x') FROM generate_series(1, %s) g""",
-            (rows,),
-        )
-        app.execute(f"CREATE PUBLICATION bench_{tag} FOR TABLE {TABLE}")
+        for name in names:
+            app.execute(f"DROP TABLE IF EXISTS {name}")
+            app.execute(
+                f"""CREATE TABLE {name} (id bigint PRIMARY KEY, amount numeric(12,2), label text,
+                                        at timestamptz, doc jsonb)"""
+            )
+            app.execute(
+                f"""INSERT INTO {name} SELECT g, (g %% 100000) / 100.0, md5(g::text), now() - g * interval '1 s',
+                           jsonb_build_object('g', g, 'tag', 'x') FROM generate_series(1, %s) g""",
+                (rows,),
+            )
+        app.execute(f"CREATE PUBLICATION bench_{tag} FOR TABLE {', '.join(names)}")
         app.commit()
         # the load's hint bits and visibility map set now, not by an autovacuum that lands on
         # whichever measurement runs next (the COPY floor moved 6.5-9.5 s between runs)
         app.autocommit = True
-        app.execute(f"VACUUM (ANALYZE) {TABLE}")
+        for name in names:
+            app.execute(f"VACUUM (ANALYZE) {name}")
     base = load_config(REPO_ROOT / "cdc_platform.yaml")
     shop = base.sources["shop"].model_copy(
         update={"slot_name": f"bench_{tag}", "publication": f"bench_{tag}", "topic_prefix": f"bench{tag}"}
     )
     lake = base.lake.model_copy(update={"root": tempfile.mkdtemp(prefix="bench_lake_")})
-    table = TableConfig(name=f"shop.public.{TABLE}", changelog=changelog or {"grace_s": 0})  # type: ignore[arg-type]
-    return base.model_copy(update={"sources": {"shop": shop}, "tables": [table], "lake": lake})
+    settings = changelog or {"grace_s": 0}
+    configured = [TableConfig(name=f"shop.public.{name}", changelog=settings) for name in names]  # type: ignore[arg-type]
+    return base.model_copy(update={"sources": {"shop": shop}, "tables": configured, "lake": lake})
 
 
 def cleanup(config: PlatformConfig, tag: str) -> None:
     """Remove what ``prepare`` made: the slot (a forgotten one pins WAL), publication,
-    table and topics. Ends a capture still holding the slot first."""
+    tables and topics. Ends a capture still holding the slot first."""
     with LocalPostgres(profile("dev")).admin_connect("shop") as admin:
         drop_slot(admin, f"bench_{tag}", terminate_user=True)
         time.sleep(1.0)  # the terminated backend lets go of the slot
         drop_slot(admin, f"bench_{tag}")
         admin.execute(f"DROP PUBLICATION IF EXISTS bench_{tag}")
-        admin.execute(f"DROP TABLE IF EXISTS {TABLE}")
+        for table in config.tables:
+            admin.execute(f"DROP TABLE IF EXISTS {table.name.split('.')[-1]}")
     admin_client = KafkaClients(config.kafka).admin()
     doomed = [t for t in admin_client.list_topics(timeout=10).topics if f"bench{tag}" in t]
     for future in admin_client.delete_topics(doomed).values() if doomed else []:

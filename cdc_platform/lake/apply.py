@@ -87,7 +87,7 @@ from cdc_platform.lake.current import (
 )
 from cdc_platform.lake.errors import classify_spark_error
 from cdc_platform.lake.ledger import Ledger
-from cdc_platform.lake.maintenance import VacuumCadence
+from cdc_platform.lake.maintenance import VacuumCadence, Vacuumed
 from cdc_platform.lake.tables import LakeTable
 from cdc_platform.model.coverage import OffsetRange, behind, walk
 from cdc_platform.model.errors import CdcError, FatalError, RetriableError
@@ -133,6 +133,7 @@ class TableApplied:
     # with a redelivered duplicate (its commit is old, but current had it already): their
     # commit times say nothing about how long a change waited.
     oldest_change_ts: datetime | None = None
+    vacuumed: Vacuumed | None = None  # the VACUUM of old files that followed the batch, when one was due
 
     def oldest_wait_s(self, now: datetime) -> float | None:
         """Commit -> current of the batch's oldest change, its longest wait: what current lagged
@@ -363,8 +364,9 @@ class StreamApply:
             log.error("%s [%s]: %s", table.key, error.kind, error)
             return None
         health.succeeded()
-        self.vacuums.maintain(table)  # after the batch: a due VACUUM never delays the table's changes
-        return applied
+        vacuumed = self.vacuums.maintain(table)  # after the batch: a due VACUUM never delays the table's changes
+        # shown with the batch's report; a VACUUM after a pass with nothing to apply is only logged
+        return replace(applied, vacuumed=vacuumed) if applied is not None and vacuumed is not None else applied
 
     def run_until_caught_up(self) -> list[TableApplied]:
         """Apply everything available when it starts, then stop (the scheduled mode, like

@@ -42,6 +42,12 @@ class Vacuumed:
     seconds: float
     failures: tuple[str, ...] = ()  # "<path>: <reason>" of each table whose VACUUM failed
 
+    def then(self, later: Vacuumed) -> Vacuumed:
+        """This VACUUM and a later one of the same table, as one report: files and seconds
+        summed, the later one's failures (a failure the later VACUUM did not repeat is over)."""
+        files, seconds = self.files_deleted + later.files_deleted, self.seconds + later.seconds
+        return Vacuumed(self.table, files, seconds, later.failures)
+
 
 def vacuumed_paths(table: LakeTable) -> list[str]:
     """The tables every batch writes to: current, its deletes, the changelog, history.

@@ -13,6 +13,7 @@ from cdc_platform.lake.changelog import ChangelogDay, WindowResult
 from cdc_platform.lake.checks import CompletenessReport, KeysReport
 from cdc_platform.lake.compare import ExactComparison, RowComparison, VersionChain
 from cdc_platform.lake.current import CurrentResult
+from cdc_platform.lake.maintenance import Vacuumed
 from cdc_platform.lake.schema_registry import SchemaReport
 from cdc_platform.lake.snapshot import SnapshotResult
 from cdc_platform.model.chunks import WaveProgress
@@ -147,6 +148,17 @@ def current_metadata(
     lag = freshness_lag_s(result, offsets_behind)
     if lag is not None:
         metadata["freshness_lag_s"] = dg.MetadataValue.float(lag)
+    return metadata
+
+
+def vacuum_metadata(vacuumed: Vacuumed) -> Metadata:
+    """The VACUUMs of old files since the last report (``lake.vacuum_every_minutes``)."""
+    metadata: Metadata = {
+        "old_files_deleted": dg.MetadataValue.int(vacuumed.files_deleted),
+        "vacuum_s": dg.MetadataValue.float(round(vacuumed.seconds, 3)),
+    }
+    if vacuumed.failures:  # the tables are unaffected; only disk use grows until a VACUUM succeeds
+        metadata["vacuum_failed"] = dg.MetadataValue.text("; ".join(vacuumed.failures))
     return metadata
 
 

@@ -33,6 +33,7 @@ import dagster as dg
 from cdc_platform.lake.apply import TableApplied
 from cdc_platform.lake.changelog import ChangelogDay
 from cdc_platform.lake.current import CurrentResult
+from cdc_platform.lake.maintenance import Vacuumed
 from cdc_platform.lake.tables import LakeTable
 from cdc_platform.model.state import CurrentPosition
 from cdc_platform.model.windows import changelog_partition
@@ -53,6 +54,7 @@ from cdc_platform.orchestration.metadata import (
     fresh_check_metadata,
     history_metadata,
     is_fresh,
+    vacuum_metadata,
 )
 from cdc_platform.orchestration.partitions import changelog_days_partitions, day_partition_key
 
@@ -96,6 +98,7 @@ class RunlessReporter:
         self.last_day: dict[str, float] = {}  # per table: the last report of its changelog day
         self.changes_since: dict[str, int] = {}
         self.waited_since: dict[str, float] = {}  # per table: the longest commit -> current since the last report
+        self.vacuumed_since: dict[str, Vacuumed] = {}  # per table: the VACUUMs of old files since the last report
         self.days: dict[str, ChangelogDay] = {}  # per table: the day being filled
         self.partitions: set[tuple[str, str]] = set()  # (partitions definition, key) known to exist
 
@@ -120,6 +123,9 @@ class RunlessReporter:
         waited = item.oldest_wait_s(datetime.now(UTC))
         if waited is not None:
             self.waited_since[key] = max(waited, self.waited_since.get(key, 0.0))
+        if item.vacuumed is not None:
+            earlier = self.vacuumed_since.get(key)
+            self.vacuumed_since[key] = earlier.then(item.vacuumed) if earlier else item.vacuumed
         now = self.clock()
         due = item.current.rebuilt or now - self.last.get(key, -float("inf")) >= self.every_s
         # back within reach of the source after a report that was behind: at once, so the
@@ -132,7 +138,10 @@ class RunlessReporter:
         # back within reach: this batch's wait is the news, not the backlog's before it
         waited_since = waited if caught_up and not due else self.waited_since.get(key)
         self.waited_since.pop(key, None)
-        self._report_current(key, item.current, changes, item.offsets_behind, item.catch_up_eta_s, waited_since)
+        self._report_current(
+            key, item.current, changes, item.offsets_behind, item.catch_up_eta_s, waited_since,
+            self.vacuumed_since.pop(key, None),
+        )  # fmt: skip
         self.last[key] = now
 
     def _idle(self, reported: set[str]) -> None:
@@ -160,9 +169,10 @@ class RunlessReporter:
 
     def _report_current(
         self, key: str, result: CurrentResult, changes: int, offsets_behind: int | None, eta_s: float | None = None,
-        waited_s: float | None = None,
+        waited_s: float | None = None, vacuumed: Vacuumed | None = None,
     ) -> None:  # fmt: skip
-        """``waited_s``: the longest commit -> current of the changes applied since the last report."""
+        """``waited_s``: the longest commit -> current of the changes applied since the last report;
+        ``vacuumed``: the VACUUMs of old files since then."""
         config = self.tables[key].config
         metadata = {
             **current_metadata(result, self.formats.get(config.source, self.position), offsets_behind),
@@ -173,6 +183,8 @@ class RunlessReporter:
         }
         if waited_s is not None:  # the changes' longest commit -> current since the last report
             metadata["longest_wait_s"] = dg.MetadataValue.float(round(waited_s, 1))
+        if vacuumed is not None:
+            metadata.update(vacuum_metadata(vacuumed))
         self.emit(dg.AssetObservation(asset_key=current_asset_key(config), metadata=metadata))
         if result.history is not None:
             self.emit(dg.AssetObservation(asset_key=history_asset_key(config), metadata=history_metadata(result)))
@@ -238,7 +250,11 @@ class RunlessReporter:
         changes: dict[str, int] = {}
         rebuilt: set[str] = set()
         days: dict[tuple[str, str], ChangelogDay] = {}
+        vacuumed: dict[str, Vacuumed] = {}
         for item in applied:
+            if item.vacuumed is not None:
+                earlier = vacuumed.get(item.table)
+                vacuumed[item.table] = earlier.then(item.vacuumed) if earlier else item.vacuumed
             if item.sealed is not None:
                 self._report_day(item.sealed)
             if item.batch is not None and item.changelog is not None:
@@ -254,4 +270,4 @@ class RunlessReporter:
         for key, item in last.items():
             assert item.current is not None
             result = replace(item.current, rebuilt=key in rebuilt)
-            self._report_current(key, result, changes[key], item.offsets_behind)
+            self._report_current(key, result, changes[key], item.offsets_behind, vacuumed=vacuumed.get(key))

@@ -740,6 +740,7 @@ def test_the_apply_deletes_the_files_its_batches_replaced(one_table_env: Capture
     env.run_until_caught_up()
     lake.snapshot(keys[0], "g1")
     spark.conf.set(MIN_FILES, "4")  # Spark's MERGEs reach auto compaction within the test
+    deleted = 0  # what the passes said their VACUUMs deleted (shown on current in the UI)
     try:
         with env.stream_apply(spark) as engine:
             for i in range(5):
@@ -748,7 +749,8 @@ def test_the_apply_deletes_the_files_its_batches_replaced(one_table_env: Capture
                     app.execute("UPDATE items SET qty = qty + 1 WHERE id %% 3 = %s", (i % 3,))
                     app.execute("DELETE FROM items WHERE id = (SELECT min(id) FROM items)")
                 env.run_until_caught_up()
-                engine.run_until_caught_up()
+                applied = engine.run_until_caught_up()
+                deleted += sum(a.vacuumed.files_deleted for a in applied if a.vacuumed is not None)
     finally:
         spark.conf.unset(MIN_FILES)
     for path in (table.current_path, table.changelog_path):
@@ -764,6 +766,7 @@ def test_the_apply_deletes_the_files_its_batches_replaced(one_table_env: Capture
         r for r in DeltaTable.forPath(spark, table.current_path).history().collect() if "VACUUM" in r["operation"]
     ]
     assert vacuums, "no VACUUM commit in current's log"
+    assert deleted >= len(_files_ever_added(table.current_path) - _live_files(table.current_path))
     assert_current_equals_source(lake, keys, at_least=20)
 
 

@@ -196,6 +196,51 @@ def test_a_running_apply_reports_current_to_dagster_at_most_once_a_minute(tmp_pa
         assert len(events()) == 3
 
 
+def test_the_vacuums_of_old_files_since_the_last_report_are_shown_on_current(tmp_path: Path) -> None:
+    """A VACUUM runs after a batch (hourly by default) while reports are throttled to one a
+    minute: what it deleted must reach current's next report, summed over the VACUUMs since
+    the last one, and a failure must show there (it is otherwise only in the apply's log)."""
+    import dagster as dg
+
+    from cdc_platform.lake.apply import TableApplied
+    from cdc_platform.lake.current import CurrentResult
+    from cdc_platform.lake.maintenance import Vacuumed
+    from cdc_platform.lake.tables import lake_table
+    from cdc_platform.orchestration.reporting import RunlessReporter
+
+    config = load_config(_config(tmp_path, "    apply: {engine: stream}"))
+    table = lake_table(config, config.tables[0])
+    now = [0.0]
+
+    def applied(vacuumed: Vacuumed | None = None) -> list[TableApplied]:
+        result = CurrentResult("g1", False, 1, 10, {0: 5}, 123, None, 0.1)
+        return [TableApplied(table.key, batch="b", current=result, vacuumed=vacuumed)]
+
+    def newest() -> Any:
+        records = instance.fetch_observations(dg.AssetKey(["shop", "orders"]), limit=1).records
+        return records[0].asset_observation.metadata
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        report = RunlessReporter(instance, [table], position=str, clock=lambda: now[0])
+        report(applied())
+        assert "old_files_deleted" not in newest()  # no VACUUM since: nothing claimed
+        now[0] = 10.0
+        report(applied(Vacuumed(table.key, 7, 0.25, ("current: OSError: disk",))))  # throttled, not lost
+        now[0] = 20.0
+        report(applied(Vacuumed(table.key, 5, 0.5)))
+        now[0] = 60.0
+        report(applied())
+        shown = newest()
+        assert shown["old_files_deleted"].value == 12 and shown["vacuum_s"].value == 0.75
+        assert "vacuum_failed" not in shown  # the later VACUUM succeeded
+        now[0] = 120.0
+        report(applied(Vacuumed(table.key, 0, 0.1, ("current: OSError: disk",))))
+        assert "OSError: disk" in newest()["vacuum_failed"].value
+        now[0] = 180.0
+        report.report_run(applied(Vacuumed(table.key, 3, 0.1)) + applied(Vacuumed(table.key, 4, 0.1)))
+        assert newest()["old_files_deleted"].value == 7  # a scheduled run: its VACUUMs summed
+
+
 def test_the_apply_observes_current_and_reports_its_fresh_check(tmp_path: Path) -> None:
     """Current is observed, never materialized, by the apply: Dagster counts a check's
     result only for the materialization it followed, and materializations every minute hid
