@@ -18,6 +18,9 @@ the dev stack; each starts from a generation, then every round updates ``--chang
 spread evenly over the case's tables (one change event each), captured by the platform's
 own capture before the apply starts, so the apply's figure is not capture's.
 
+The floor is the faster of two consumes (the first of records the broker has not served
+yet moved by 4x between runs).
+
 Run: make bench   (or .venv/bin/python bench/bench_apply_tables.py [--rows 1000000 --changes 200000])
 """
 
@@ -115,7 +118,9 @@ def measure_case(config: PlatformConfig, lake: Lake, changes: int) -> list[Round
             applied = engine.run_until_caught_up()
             apply_s = time.perf_counter() - started
             events = sum(a.changelog.rows for a in applied if a.changelog is not None)
-            consumed, consume_s = consume(config, before, after)
+            # the floor's best of two: a first consume of records the broker has not served yet
+            # took 1.2 s one run and 0.3 s the next (the ratio then measured the broker's cache)
+            consumed, consume_s = min((consume(config, before, after) for _ in range(2)), key=lambda c: c[1])
             rounds.append(Round(events, apply_s, consumed, consume_s))
     return rounds
 

@@ -445,6 +445,17 @@ class LakeConfig(_Strict):
         "until a VACUUM), and the driver holds the touched files' rows while it rewrites them. Unset: 1 000 000; "
         "0: always Spark.",
     )
+    driver_batch_max_mb: int = Field(
+        default=128,
+        ge=0,
+        description="A stream micro-batch whose decoded records are estimated to fit in this many MB is collected "
+        "to the driver in one Spark job, and its statistics, changelog append (delta-rs) and latest event per key "
+        "are computed there, instead of three Spark jobs over a cached frame: a 200 000-change batch of a "
+        "five-column table (~60 MB) takes 29-47 % less time. The estimate: two images of current's rows (its "
+        "Parquet footer) and the change columns, at least what the table's last such batch took. The driver "
+        "holds up to this much per table it applies at once (apply.parallelism), in Python and briefly in the "
+        "JVM. 0: Spark's jobs for every batch.",
+    )
     retain_old_files_hours: int = Field(
         default=24,
         ge=0,

@@ -24,7 +24,7 @@ from cdc_platform.kafka.clients import KafkaClients, worker_options
 from cdc_platform.lake.crash_points import crash_point
 from cdc_platform.lake.current import BatchSummary, appended_to
 from cdc_platform.lake.driver_append import append_in_driver, spark_appends
-from cdc_platform.lake.driver_batch import DEAD, collected_records, fits_in_driver, kind_statistics
+from cdc_platform.lake.driver_batch import DEAD, collected_records, fits_in_driver, kind_statistics, remember_held
 from cdc_platform.lake.lake_types import row_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
@@ -252,7 +252,7 @@ def _read_decoded(
 
     spans = [(r.partition, r.start, r.end) for r in window.ranges]
     raw = read_raw(spark, kafka.kafka.bootstrap_servers, table.topic, spans)
-    if fits_in_driver(window):
+    if fits_in_driver(window, table):
         return _decoded_in_driver(spark, jvm_decoded(raw, schema, table.encoding), schema, table, window)
     rows = jvm_decoded(raw, schema, table.encoding).cache()
     columns = [*change_schema_of(schema).names, "window_start"]
@@ -276,6 +276,7 @@ def _decoded_in_driver(
     from cdc_platform.lake.jvm_decode import change_schema_of
 
     records, python_rows = collected_records(rows, schema, table.encoding)
+    remember_held(table, records)
     partition = pa.array([changelog_partition(window.key)] * records.num_rows, pa.string())
     records = records.append_column("window_start", partition)
     frame_schema = T.StructType([*change_schema_of(schema).fields, T.StructField("window_start", T.StringType())])
@@ -463,9 +464,10 @@ def _appended_in_driver(
     (``lake.driver_append``), or False: Spark appends."""
     import pyarrow.compute as pc
 
-    if batch is None or spark_appends(spark, table, batch.number, batch.retry, sum(decoded.events.values())):
-        return False
     held = decoded.arrow
+    rows_in_batch = sum(decoded.events.values())
+    if batch is None or spark_appends(spark, table, batch.number, batch.retry, rows_in_batch, held is not None):
+        return False
 
     def rows() -> pa.Table:  # held in the driver already, or collected once delta-rs may write
         if held is None:

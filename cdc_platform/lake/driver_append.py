@@ -3,8 +3,9 @@
 Spark's Delta append of a micro-batch costs 0.3-0.9 s on 2 cores whatever its size (a
 write job, statistics, the commit and Delta's post-commit hooks): with every table of a
 source taking turns on two cores, that fixed cost is a share of every table's freshness.
-delta-rs appends the same rows, collected to Arrow (at most ``DRIVER_APPEND_MAX_ROWS``), in
-~0.04 s (docs/benchmarks.md, "Latency"). The commit carries what Spark's does: the batch's
+delta-rs appends the same rows, held in the driver (``lake.driver_batch``) or collected to
+Arrow (at most ``DRIVER_APPEND_MAX_ROWS``), in ~0.04 s for a micro-batch
+(docs/benchmarks.md, "Latency"). The commit carries what Spark's does: the batch's
 identity as ``userMetadata`` (what a re-applied batch looks for) and the batch as the
 table's ``txnAppId``/``txnVersion``.
 
@@ -44,9 +45,13 @@ MIN_FILES_CONF = "spark.databricks.delta.autoCompact.minNumFiles"
 MIN_FILES_DEFAULT = 50  # Delta's
 
 
-def spark_appends(spark: SparkSession, table: LakeTable, number: int, retry: bool, rows: int) -> bool:
-    """Whether batch ``number`` (of ``rows`` rows, ``retry``: re-applied) is Spark's to append."""
-    if retry or rows > DRIVER_APPEND_MAX_ROWS or not driver_writes(table.changelog_path):
+def spark_appends(
+    spark: SparkSession, table: LakeTable, number: int, retry: bool, rows: int, held: bool = False
+) -> bool:
+    """Whether batch ``number`` (of ``rows`` rows, ``retry``: re-applied) is Spark's to append.
+    ``held``: its rows are in the driver already (``lake.driver_batch``), so any number of them
+    is appended from there; otherwise up to ``DRIVER_APPEND_MAX_ROWS`` are collected for it."""
+    if retry or (rows > DRIVER_APPEND_MAX_ROWS and not held) or not driver_writes(table.changelog_path):
         return True
     every = int(spark.conf.get(MIN_FILES_CONF, str(MIN_FILES_DEFAULT)) or MIN_FILES_DEFAULT)
     return number % max(1, every) == 0

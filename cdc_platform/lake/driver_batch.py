@@ -1,26 +1,40 @@
-"""A small stream batch decoded into the driver: one Spark job instead of three.
+"""A stream batch decoded into the driver: one Spark job instead of three.
 
-A micro-batch of up to ``DRIVER_BATCH_MAX_RECORDS`` records is read from Kafka and decoded
-by Spark SQL (``lake.jvm_decode``) in one Spark job whose rows are collected to Arrow. The
-records Spark SQL cannot decode exactly go through the same Python decoder here, in the
-driver, and the batch's statistics (counts by kind, positions, times, the newest truncate,
-columns the schema lacks) are taken from the Arrow table. delta-rs then appends the same
-table to the changelog and merges its latest event per key into current
-(``lake.driver_append``, ``lake.driver_merge.latest_in_driver``).
+A micro-batch whose decoded records fit ``lake.driver_batch_max_mb`` (``fits_in_driver``) is
+read from Kafka and decoded by Spark SQL (``lake.jvm_decode``) in one Spark job whose rows
+are collected to Arrow. The records Spark SQL cannot decode exactly go through the same
+Python decoder here, in the driver, and the batch's statistics (counts by kind, positions,
+times, the newest truncate, columns the schema lacks) are taken from the Arrow table.
+delta-rs then appends the same table to the changelog and merges its latest event per key
+into current (``lake.driver_append``, ``lake.driver_merge.latest_in_driver``).
 
-Before, each such batch cached the decoded rows and ran three Spark jobs on them: the
-statistics, a collect for the changelog append, and an aggregation (with a shuffle) and
-a collect for the merge, 0.3-0.4 s each on two cores whatever the batch's size
-(docs/benchmarks.md, "Latency"). A Spark frame of the same rows (``createDataFrame`` from
-the Arrow table: Kafka is not read again) is still there for what Spark writes: a table's
-first append, a schema change, dead letters, history, and Spark's MERGE into a big current.
+Otherwise the batch caches the decoded rows and runs three Spark jobs on them: the
+statistics, the changelog append, and an aggregation (with a shuffle) and a collect for
+the merge: 0.3-0.4 s each on two cores for a small batch (docs/benchmarks.md, "Latency"),
+and for a 200 000-change backlog batch 29-47 % of its time ("Stream apply throughput"). A
+Spark frame of the same rows (``createDataFrame`` from the Arrow table: Kafka is not read
+again) is still there for what Spark writes: a table's first append, a schema change, dead
+letters, history, and Spark's MERGE into a big current.
+
+How big a batch's records are in the driver is estimated before it is read: two images
+of current's rows (the uncompressed bytes per row of current's largest Parquet file) plus
+the change columns, and at least what the table's last batch held in the driver took. A
+table with no estimate yet (no current file) holds batches of up to
+``DRIVER_BATCH_MIN_RECORDS`` records, as before the bound was in bytes.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from cdc_platform.lake.driver_append import DRIVER_APPEND_MAX_ROWS
+from cdc_platform.lake.driver_merge import DRIVER_MERGE_MAX_CHANGES, DRIVER_MERGE_MAX_ROWS
+from cdc_platform.lake.tables import LakeTable
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -30,16 +44,104 @@ if TYPE_CHECKING:
     from cdc_platform.model.tables import TableSchema
     from cdc_platform.model.windows import WindowPlan
 
-DRIVER_BATCH_MAX_RECORDS = DRIVER_APPEND_MAX_ROWS  # what the driver appends is what it holds
+DRIVER_BATCH_MIN_RECORDS = DRIVER_APPEND_MAX_ROWS  # held in the driver while a table's record size is unknown
+RECORD_OVERHEAD_BYTES = 128  # a change row's own columns: positions, op, times, the key's JSON
+ESTIMATE_TTL_S = 600.0  # current's row size read again after this (its columns and values change)
 DEAD = "__dead_letter"  # the kind of a record that could not be decoded
 
+log = logging.getLogger(__name__)
+_sizes_lock = threading.Lock()
+_estimated: dict[str, tuple[float, CurrentEstimate]] = {}  # current's path -> (when read, estimate)
+_held: dict[str, float] = {}  # current's path -> bytes per record of the table's last batch held in the driver
 
-def fits_in_driver(window: WindowPlan) -> bool:
-    """Whether a stream batch (not a window: those can be a day's records) is small enough
-    to be held in the driver. Its offsets bound its records (compaction only removes some)."""
+
+def fits_in_driver(window: WindowPlan, table: LakeTable) -> bool:
+    """Whether a stream batch (not a window: those can be a day's records) is held in the
+    driver: its records (its offsets bound them; compaction only removes some) times their
+    estimated size within ``lake.driver_batch_max_mb``. A batch above
+    ``DRIVER_BATCH_MIN_RECORDS`` also needs everything after the decode to stay in the
+    driver (current within the driver merge's bound, no history): a Spark MERGE would take
+    the held rows back into the JVM as a local relation instead of a cached frame."""
     from cdc_platform.model.windows import is_batch_key
 
-    return is_batch_key(window.key) and sum(r.end - r.start for r in window.ranges) <= DRIVER_BATCH_MAX_RECORDS
+    if not is_batch_key(window.key) or table.driver_batch_max_bytes == 0:
+        return False
+    records = sum(r.end - r.start for r in window.ranges)
+    estimate = current_estimate(table)
+    if estimate.record_bytes is None:
+        return records <= DRIVER_BATCH_MIN_RECORDS
+    if records * estimate.record_bytes > table.driver_batch_max_bytes:
+        return False
+    return records <= DRIVER_BATCH_MIN_RECORDS or _merged_in_driver(table, records, estimate.rows)
+
+
+def _merged_in_driver(table: LakeTable, records: int, current_rows: int | None) -> bool:
+    """Whether a batch of ``records`` is expected to merge by delta-rs (``driver_merge``'s bounds)."""
+    bound = DRIVER_MERGE_MAX_ROWS if table.driver_merge_max_rows is None else table.driver_merge_max_rows
+    small = current_rows is not None and current_rows <= bound and records <= DRIVER_MERGE_MAX_CHANGES
+    return small and not table.config.history
+
+
+@dataclass(frozen=True)
+class CurrentEstimate:
+    record_bytes: float | None  # a decoded change record's bytes in the driver; None: unknown yet
+    rows: int | None  # current's rows from its log (an upper bound: rows deletion vectors mark count)
+
+
+def current_estimate(table: LakeTable) -> CurrentEstimate:
+    """A decoded change record's estimated bytes in the driver (see the module's docstring)
+    and current's rows, read from current's log at most every ``ESTIMATE_TTL_S``."""
+    now, path = time.monotonic(), table.current_path
+    with _sizes_lock:
+        cached = _estimated.get(path)
+    if cached is None or now - cached[0] >= ESTIMATE_TTL_S:
+        row, rows = row_bytes(path)
+        cached = (now, CurrentEstimate(None if row is None else 2 * row + RECORD_OVERHEAD_BYTES, rows))
+        with _sizes_lock:
+            _estimated[path] = cached
+    with _sizes_lock:
+        held = _held.get(path)
+    known = [b for b in (cached[1].record_bytes, held) if b is not None]
+    return CurrentEstimate(max(known) if known else None, cached[1].rows)
+
+
+def remember_held(table: LakeTable, records: pa.Table) -> None:
+    """What a batch held in the driver took per record: a floor for the table's next estimates
+    (the Parquet estimate is low for values Parquet stores in a dictionary)."""
+    if records.num_rows:
+        with _sizes_lock:
+            _held[table.current_path] = records.nbytes / records.num_rows
+
+
+def row_bytes(path: str) -> tuple[float | None, int | None]:
+    """Uncompressed bytes per row of the Delta table's largest file (its Parquet footer), and
+    the table's rows; None for what is not known (no table, no file, a file this process
+    cannot open: the batch bound falls back to a record count)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    rows: int | None = None
+    try:
+        if not DeltaTable.is_deltatable(path):
+            return None, None
+        files = pa.table(DeltaTable(path).get_add_actions(flatten=True))
+        # at least current's rows: rows deletion vectors mark are counted too, which only sends
+        # a batch to Spark's jobs sooner
+        rows = int(pc.sum(files["num_records"]).as_py() or 0)
+        if files.num_rows == 0:
+            return None, rows
+        largest = pc.index(files["num_records"], pc.max(files["num_records"])).as_py()
+        footer = pq.read_metadata(f"{path.rstrip('/')}/{unquote(files['path'][largest].as_py())}")
+    except Exception as exc:  # object storage without local access, a file VACUUMed meanwhile: no estimate
+        log.debug("no row size for %s: %s", path, exc)
+        return None, rows
+    if footer.num_rows == 0:
+        return None, rows
+    total: int = sum(footer.row_group(g).total_byte_size for g in range(footer.num_row_groups))
+    footer_rows: int = footer.num_rows
+    return total / footer_rows, rows
 
 
 def collected_records(rows: DataFrame, schema: TableSchema, encoding: ValueEncoding) -> tuple[pa.Table, int]:

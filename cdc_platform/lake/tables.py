@@ -36,6 +36,7 @@ class LakeTable:
     driver_merge_max_rows: int | None = None  # lake.driver_merge_max_rows; None: driver_merge's default
     retain_old_files_hours: int = 24  # lake.retain_old_files_hours
     vacuum_every_s: float | None = 3600.0  # lake.vacuum_every_minutes; None: never
+    driver_batch_max_bytes: int = 128 * 2**20  # lake.driver_batch_max_mb; 0: Spark's jobs for every batch
 
     @property
     def retention(self) -> dict[str, str]:
@@ -91,6 +92,7 @@ def lake_table(config: PlatformConfig, table: TableConfig) -> LakeTable:
         table, config.lake.root, config.topic_for(table), source.value_encoding(), config.lake.deletion_vectors,
         source.apply.decoder, config.lake.driver_merge_max_rows, config.lake.retain_old_files_hours,
         None if config.lake.vacuum_every_minutes is None else config.lake.vacuum_every_minutes * 60,
+        config.lake.driver_batch_max_mb * 2**20,
     )  # fmt: skip
 
 

@@ -770,6 +770,37 @@ def test_the_apply_deletes_the_files_its_batches_replaced(one_table_env: Capture
     assert_current_equals_source(lake, keys, at_least=20)
 
 
+def test_a_backlog_batch_of_a_small_table_is_held_in_the_driver(one_table_env: CaptureEnv, spark: Any) -> None:
+    """A batch of more than 10 000 changes whose records fit ``lake.driver_batch_max_mb`` is
+    decoded into the driver in one Spark job and appended to the changelog by delta-rs (Spark
+    appends whatever the driver does not hold, above 10 000 rows), and current still equals
+    the source. With the old bound (10 000 records) delta-rs does not append it: this fails."""
+    env = one_table_env
+    lake, keys = Lake(env.config, spark), _keys(env)
+    table = lake.table(keys[0])
+    _changes(env, seed=1, first_id=1, transactions=10)
+    env.run_until_caught_up()
+    lake.snapshot(keys[0], "g1")
+    with env.stream_apply(spark) as engine:
+        _changes(env, seed=2, first_id=1000, transactions=10)
+        env.run_until_caught_up()
+        engine.run_until_caught_up()  # the changelog's first append (Spark's: it creates the table)
+        with env.app() as app:
+            app.execute(
+                "INSERT INTO items (id, body, qty) SELECT g, md5(g::text), g % 7 FROM generate_series(1, 12000) g "
+                "ON CONFLICT (id) DO UPDATE SET qty = items.qty + 1"
+            )
+        env.run_until_caught_up()
+        applied = engine.run_until_caught_up()
+    big = [a for a in applied if a.offsets > 10_000]
+    assert len(big) == 1 and big[0].changelog is not None and big[0].changelog.rows >= 12_000, applied
+    history = DeltaTable.forPath(spark, table.changelog_path).history().collect()
+    identity = batch_identity(table, int(str(big[0].batch).rsplit("#", 1)[1]))
+    engines = [str(r["engineInfo"]) for r in history if r["userMetadata"] == identity]
+    assert len(engines) == 1 and engines[0].startswith("delta-rs"), (identity, engines)
+    assert_current_equals_source(lake, keys, at_least=11_999)
+
+
 def _files_ever_added(path: str) -> set[str]:
     """Every data file a commit of the table's log added (relative paths)."""
     import json

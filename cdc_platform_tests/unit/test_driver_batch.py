@@ -136,3 +136,91 @@ def test_a_negative_driver_merge_bound_is_refused_naming_the_field() -> None:
 
     with pytest.raises(pydantic.ValidationError, match="driver_merge_max_rows"):
         _lake_table(-5)
+
+
+# ------------------------------------------------------------------ which batches the driver holds
+
+
+def _table(root: Any, **settings: Any) -> Any:
+    from cdc_platform.config.model import PlatformConfig
+    from cdc_platform.lake.tables import lake_table
+
+    history = settings.pop("history", False)
+    config = PlatformConfig.model_validate(
+        {"sources": {"s": {"database": "d", "user": "u", "password_env": "UNUSED"}},
+         "kafka": {"bootstrap_servers": "127.0.0.1:1"}, "lake": {"root": str(root), **settings},
+         "tables": [{"name": "s.public.t", "primary_key": ["id"], "history": history}]}
+    )  # fmt: skip
+    return lake_table(config, config.tables[0])
+
+
+def _current(table: Any, rows: int, text_bytes: int) -> None:
+    """Current written by delta-rs: ``rows`` rows whose text column holds ``text_bytes`` each."""
+    from deltalake import write_deltalake
+
+    values = [f"{i:0{text_bytes}d}" for i in range(rows)]  # unique: Parquet stores them plain
+    write_deltalake(table.current_path, pa.table({"id": list(range(rows)), "v": values}))
+
+
+def _batch(records: int) -> Any:
+    from cdc_platform.model.windows import WindowPlan, WindowRange, batch_key
+
+    half = records // 2  # two Kafka partitions
+    ranges = (WindowRange(0, 100, 100 + half, ""), WindowRange(1, 0, records - half, ""))
+    return WindowPlan(batch_key("2026-12-05", 7), ranges, reused=False)
+
+
+def _fresh_estimates() -> None:
+    from cdc_platform.lake import driver_batch
+
+    driver_batch._estimated.clear()
+    driver_batch._held.clear()
+
+
+def test_a_backlog_batch_of_narrow_rows_is_held_in_the_driver_and_a_wide_one_is_not(tmp_path: Any) -> None:
+    """The driver holds a batch whose records are estimated to fit ``lake.driver_batch_max_mb``:
+    200 000 changes of a narrow table (about 60 MB), not of a table with 2 KB rows (~800 MB)."""
+    from cdc_platform.lake.driver_batch import current_estimate, fits_in_driver
+
+    _fresh_estimates()
+    narrow, wide = _table(tmp_path / "narrow"), _table(tmp_path / "wide")
+    _current(narrow, 1000, 40)
+    _current(wide, 1000, 2000)
+    narrow_bytes = current_estimate(narrow).record_bytes
+    assert narrow_bytes is not None and 2 * 48 < narrow_bytes < 2 * 48 + 400  # two images of ~48 bytes
+    assert current_estimate(narrow).rows == 1000
+    assert fits_in_driver(_batch(200_000), narrow)
+    assert not fits_in_driver(_batch(200_000), wide)
+    assert fits_in_driver(_batch(30_000), wide)  # 30 000 x ~4 KB: within 128 MB
+    assert not fits_in_driver(_batch(30_000), _table(tmp_path / "wide", driver_batch_max_mb=64))
+    assert not fits_in_driver(_batch(100), _table(tmp_path / "narrow", driver_batch_max_mb=0))  # 0: never
+
+
+def test_a_backlog_batch_is_held_only_where_the_merge_stays_in_the_driver(tmp_path: Any) -> None:
+    """Above 10 000 records the batch is held only when delta-rs merges it (current within
+    ``lake.driver_merge_max_rows``, no history): a Spark MERGE would ship the rows back."""
+    from cdc_platform.lake.driver_batch import fits_in_driver
+
+    _fresh_estimates()
+    _current(_table(tmp_path), 1000, 10)
+    assert fits_in_driver(_batch(50_000), _table(tmp_path))
+    assert not fits_in_driver(_batch(50_000), _table(tmp_path, driver_merge_max_rows=999))
+    assert not fits_in_driver(_batch(50_000), _table(tmp_path, history=True))
+    assert fits_in_driver(_batch(10_000), _table(tmp_path, history=True))  # a micro-batch: held as before
+    assert not fits_in_driver(_batch(200_001), _table(tmp_path))  # more than the driver merge takes
+
+
+def test_without_current_a_record_count_bounds_the_batch_and_a_held_batch_teaches_its_size(tmp_path: Any) -> None:
+    from cdc_platform.lake.driver_batch import current_estimate, fits_in_driver, remember_held
+
+    _fresh_estimates()
+    table = _table(tmp_path)
+    assert current_estimate(table).record_bytes is None  # no current yet
+    assert fits_in_driver(_batch(10_000), table) and not fits_in_driver(_batch(10_001), table)
+    _current(table, 1000, 10)
+    _fresh_estimates()
+    assert fits_in_driver(_batch(100_000), table)
+    # values Parquet stores in a dictionary look small in its footer: what a held batch took wins
+    remember_held(table, pa.table({"v": ["x" * 4000] * 10}))
+    assert current_estimate(table).record_bytes > 4000
+    assert not fits_in_driver(_batch(100_000), table)
