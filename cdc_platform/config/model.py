@@ -451,8 +451,9 @@ class LakeConfig(_Strict):
         description="A stream micro-batch whose decoded records are estimated to fit in this many MB is collected "
         "to the driver in one Spark job, and its statistics, changelog append (delta-rs) and latest event per key "
         "are computed there, instead of three Spark jobs over a cached frame: a 200 000-change batch of a "
-        "five-column table (~60 MB) takes 29-47 % less time. The estimate: two images of current's rows (its "
-        "Parquet footer) and the change columns, at least what the table's last such batch took. The driver "
+        "five-column table (~60 MB) took 25-51 % less time (docs/benchmarks.md). The estimate: two images of "
+        "current's rows (its Parquet footer) and the change columns, at least what the table's last such batch "
+        "took. The driver "
         "holds up to this much per table it applies at once (apply.parallelism), in Python and briefly in the "
         "JVM. 0: Spark's jobs for every batch.",
     )

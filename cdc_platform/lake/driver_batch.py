@@ -11,8 +11,8 @@ into current (``lake.driver_append``, ``lake.driver_merge.latest_in_driver``).
 Otherwise the batch caches the decoded rows and runs three Spark jobs on them: the
 statistics, the changelog append, and an aggregation (with a shuffle) and a collect for
 the merge: 0.3-0.4 s each on two cores for a small batch (docs/benchmarks.md, "Latency"),
-and for a 200 000-change backlog batch 29-47 % of its time ("Stream apply throughput"). A
-Spark frame of the same rows (``createDataFrame`` from the Arrow table: Kafka is not read
+and for a warm 200 000-change backlog batch 25-51 % of its time ("Stream apply
+throughput"). A Spark frame of the same rows (``createDataFrame`` from the Arrow table: Kafka is not read
 again) is still there for what Spark writes: a table's first append, a schema change, dead
 letters, history, and Spark's MERGE into a big current.
 
