@@ -7,7 +7,9 @@
   Spark's Kafka source and Spark SQL) and in Python workers (``python``); and the same
   offsets read (not decoded) by Spark's own Kafka source;
 * stream apply: events/s of the same changes applied by ``cdc-platform apply``'s engine
-  (changelog append and merge into current, ``AvailableNow``) vs the same floor.
+  (changelog append and merge into current, ``AvailableNow``) vs the same floor: the
+  engine's first batch (cold). ``bench_apply_tables.py`` measures a warm batch too, and
+  ten tables.
 
 The table (``bench_lake_rows``: bigint key, numeric, text, timestamptz, jsonb) lives in
 the dev stack's shop database; its changes come from the platform's own capture.
