@@ -136,7 +136,7 @@ def run_case(rows: int, changes: int, count: int) -> list[Round]:
     try:
         return measure_case(config, Lake(config, spark), changes)
     finally:
-        bench_lake.cleanup(config, tag)
+        bench_lake.cleanup(config, tag, names)
 
 
 def main() -> None:

@@ -89,16 +89,17 @@ def prepare(
     return base.model_copy(update={"sources": {"shop": shop}, "tables": configured, "lake": lake})
 
 
-def cleanup(config: PlatformConfig, tag: str) -> None:
-    """Remove what ``prepare`` made: the slot (a forgotten one pins WAL), publication,
-    tables and topics. Ends a capture still holding the slot first."""
+def cleanup(config: PlatformConfig, tag: str, tables: Sequence[str] | None = None) -> None:
+    """Remove what ``prepare`` made: the slot (a forgotten one pins WAL), publication, its
+    tables (``TABLE`` unless ``tables`` names them: the config may hold others, such as the
+    demo's, which stay) and topics. Ends a capture still holding the slot first."""
     with LocalPostgres(profile("dev")).admin_connect("shop") as admin:
         drop_slot(admin, f"bench_{tag}", terminate_user=True)
         time.sleep(1.0)  # the terminated backend lets go of the slot
         drop_slot(admin, f"bench_{tag}")
         admin.execute(f"DROP PUBLICATION IF EXISTS bench_{tag}")
-        for table in config.tables:
-            admin.execute(f"DROP TABLE IF EXISTS {table.name.split('.')[-1]}")
+        for name in tables or [TABLE]:
+            admin.execute(f"DROP TABLE IF EXISTS {name}")
     admin_client = KafkaClients(config.kafka).admin()
     doomed = [t for t in admin_client.list_topics(timeout=10).topics if f"bench{tag}" in t]
     for future in admin_client.delete_topics(doomed).values() if doomed else []:
