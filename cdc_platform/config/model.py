@@ -453,9 +453,8 @@ class LakeConfig(_Strict):
         "are computed there, instead of three Spark jobs over a cached frame: a 200 000-change batch of a "
         "five-column table (~60 MB) took 25-51 % less time (docs/benchmarks.md). The estimate: two images of "
         "current's rows (its Parquet footer) and the change columns, at least what the table's last such batch "
-        "took. The driver "
-        "holds up to this much per table it applies at once (apply.parallelism), in Python and briefly in the "
-        "JVM. 0: Spark's jobs for every batch.",
+        "took. The driver holds up to this much per table it applies at once (apply.parallelism), in Python and "
+        "briefly in the JVM. 0: Spark's jobs for every batch.",
     )
     retain_old_files_hours: int = Field(
         default=24,

@@ -12,9 +12,9 @@ Otherwise the batch caches the decoded rows and runs three Spark jobs on them: t
 statistics, the changelog append, and an aggregation (with a shuffle) and a collect for
 the merge: 0.3-0.4 s each on two cores for a small batch (docs/benchmarks.md, "Latency"),
 and for a warm 200 000-change backlog batch 25-51 % of its time ("Stream apply
-throughput"). A Spark frame of the same rows (``createDataFrame`` from the Arrow table: Kafka is not read
-again) is still there for what Spark writes: a table's first append, a schema change, dead
-letters, history, and Spark's MERGE into a big current.
+throughput"). A Spark frame of the same rows (``createDataFrame`` from the Arrow table:
+Kafka is not read again) is still there for what Spark writes: a table's first append, a
+schema change, dead letters, history, and Spark's MERGE into a big current.
 
 How big a batch's records are in the driver is estimated before it is read: two images
 of current's rows (the uncompressed bytes per row of current's largest Parquet file) plus
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from cdc_platform.lake.driver_append import DRIVER_APPEND_MAX_ROWS
-from cdc_platform.lake.driver_merge import DRIVER_MERGE_MAX_CHANGES, DRIVER_MERGE_MAX_ROWS
+from cdc_platform.lake.driver_merge import DRIVER_MERGE_MAX_CHANGES, driver_merge_bound
 from cdc_platform.lake.tables import LakeTable
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def fits_in_driver(window: WindowPlan, table: LakeTable) -> bool:
 
 def _merged_in_driver(table: LakeTable, records: int, current_rows: int | None) -> bool:
     """Whether a batch of ``records`` is expected to merge by delta-rs (``driver_merge``'s bounds)."""
-    bound = DRIVER_MERGE_MAX_ROWS if table.driver_merge_max_rows is None else table.driver_merge_max_rows
+    bound = driver_merge_bound(table)
     small = current_rows is not None and current_rows <= bound and records <= DRIVER_MERGE_MAX_CHANGES
     return small and not table.config.history
 

@@ -71,12 +71,17 @@ def merges_in_driver(
     table: LakeTable, current_rows: int | None, changes: int, truncates: bool, names: list[str]
 ) -> bool:
     """Whether this batch of ``changes`` events merges into current (of ``names``) in the driver."""
-    bound = DRIVER_MERGE_MAX_ROWS if table.driver_merge_max_rows is None else table.driver_merge_max_rows
+    bound = driver_merge_bound(table)
     if truncates or current_rows is None or current_rows > bound or bound == 0:
         return False
     if changes > DRIVER_MERGE_MAX_CHANGES or not driver_writes(table.current_path):
         return False
     return all(_plain_name(c) for c in names)
+
+
+def driver_merge_bound(table: LakeTable) -> int:
+    """The most rows a current may hold to take batches in the driver (``lake.driver_merge_max_rows``)."""
+    return DRIVER_MERGE_MAX_ROWS if table.driver_merge_max_rows is None else table.driver_merge_max_rows
 
 
 def events_collected_whole(changes: int) -> bool:

@@ -60,6 +60,14 @@ from cdc_platform.orchestration.partitions import changelog_days_partitions, day
 
 log = logging.getLogger("cdc_platform.apply")
 
+
+def _add_vacuum(since: dict[str, Vacuumed], item: TableApplied) -> None:
+    """``item``'s VACUUM, if it ran one, added to its table's VACUUMs ``since`` the last report."""
+    if item.vacuumed is not None:
+        earlier = since.get(item.table)
+        since[item.table] = earlier.then(item.vacuumed) if earlier else item.vacuumed
+
+
 REPORT_EVERY_S = 60.0  # at most one report per table and asset per minute
 IDLE_REPORT_EVERY_S = 120.0  # a table with nothing to apply: its position (and fresh check)
 
@@ -123,9 +131,7 @@ class RunlessReporter:
         waited = item.oldest_wait_s(datetime.now(UTC))
         if waited is not None:
             self.waited_since[key] = max(waited, self.waited_since.get(key, 0.0))
-        if item.vacuumed is not None:
-            earlier = self.vacuumed_since.get(key)
-            self.vacuumed_since[key] = earlier.then(item.vacuumed) if earlier else item.vacuumed
+        _add_vacuum(self.vacuumed_since, item)
         now = self.clock()
         due = item.current.rebuilt or now - self.last.get(key, -float("inf")) >= self.every_s
         # back within reach of the source after a report that was behind: at once, so the
@@ -252,9 +258,7 @@ class RunlessReporter:
         days: dict[tuple[str, str], ChangelogDay] = {}
         vacuumed: dict[str, Vacuumed] = {}
         for item in applied:
-            if item.vacuumed is not None:
-                earlier = vacuumed.get(item.table)
-                vacuumed[item.table] = earlier.then(item.vacuumed) if earlier else item.vacuumed
+            _add_vacuum(vacuumed, item)
             if item.sealed is not None:
                 self._report_day(item.sealed)
             if item.batch is not None and item.changelog is not None:
