@@ -453,8 +453,11 @@ class LakeConfig(_Strict):
         "are computed there, instead of three Spark jobs over a cached frame: a 200 000-change batch of a "
         "five-column table (~60 MB) took 25-51 % less time (docs/benchmarks.md). The estimate: two images of "
         "current's rows (its Parquet footer) and the change columns, at least what the table's last such batch "
-        "took. The driver holds up to this much per table it applies at once (apply.parallelism), in Python and "
-        "briefly in the JVM. 0: Spark's jobs for every batch.",
+        "took. The same bound keeps what a driver merge collects (a batch's latest row per key) in the budget. "
+        "The driver holds up to this much per table it applies at once (apply.parallelism), in Python and "
+        "briefly in the JVM. A batch the estimate got wrong (Spark refuses its results above "
+        "spark.driver.maxResultSize) goes on through Spark at once, and the table's batches stay there for 10 "
+        "min. 0: Spark's jobs and MERGE for every batch.",
     )
     retain_old_files_hours: int = Field(
         default=24,

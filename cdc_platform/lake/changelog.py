@@ -24,7 +24,16 @@ from cdc_platform.kafka.clients import KafkaClients, worker_options
 from cdc_platform.lake.crash_points import crash_point
 from cdc_platform.lake.current import BatchSummary, appended_to
 from cdc_platform.lake.driver_append import append_in_driver, spark_appends
-from cdc_platform.lake.driver_batch import DEAD, collected_records, fits_in_driver, kind_statistics, remember_held
+from cdc_platform.lake.driver_batch import (
+    DEAD,
+    collected_records,
+    collects_in_driver,
+    fits_in_driver,
+    kind_statistics,
+    remember_held,
+    too_big,
+    too_big_for_driver,
+)
 from cdc_platform.lake.lake_types import row_type
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
@@ -253,7 +262,12 @@ def _read_decoded(
     spans = [(r.partition, r.start, r.end) for r in window.ranges]
     raw = read_raw(spark, kafka.kafka.bootstrap_servers, table.topic, spans)
     if fits_in_driver(window, table):
-        return _decoded_in_driver(spark, jvm_decoded(raw, schema, table.encoding), schema, table, window)
+        try:
+            return _decoded_in_driver(spark, jvm_decoded(raw, schema, table.encoding), schema, table, window)
+        except Exception as exc:  # an estimate far too low: Spark's cached path below takes the batch
+            if not too_big_for_driver(exc):
+                raise
+            too_big(table, f"a batch of {sum(r.end - r.start for r in window.ranges)} records", exc)
     rows = jvm_decoded(raw, schema, table.encoding).cache()
     columns = [*change_schema_of(schema).names, "window_start"]
     in_window = F.lit(changelog_partition(window.key))
@@ -468,14 +482,30 @@ def _appended_in_driver(
     rows_in_batch = sum(decoded.events.values())
     if batch is None or spark_appends(spark, table, batch.number, batch.retry, rows_in_batch, held is not None):
         return False
+    if held is None and not collects_in_driver(table, rows_in_batch):
+        return False
 
     def rows() -> pa.Table:  # held in the driver already, or collected once delta-rs may write
         if held is None:
-            return good.toArrow()
+            try:
+                return good.toArrow()
+            except Exception as exc:
+                if too_big_for_driver(exc):
+                    raise _CollectRefused from exc
+                raise
         return held.filter(pc.is_null(held["error"])).drop_columns(list(NOT_IN_CHANGELOG))
 
     identity, app_id = batch_identity(table, batch.number), transaction_app_id(table)
-    return append_in_driver(table, rows, identity, app_id, batch.number)
+    try:
+        return append_in_driver(table, rows, identity, app_id, batch.number)
+    except _CollectRefused as refused:  # before delta-rs wrote anything: Spark appends the batch
+        too_big(table, f"the {rows_in_batch} rows of a batch", refused.__cause__ or refused)
+        return False
+
+
+class _CollectRefused(Exception):
+    """The driver could not take a batch's rows it collected for delta-rs' append (only that:
+    an error once delta-rs may have written must not make Spark append the rows again)."""
 
 
 def _done_before(spark: SparkSession, table: LakeTable, path: str, batch: BatchWrite | None) -> bool:

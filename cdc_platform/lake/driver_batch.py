@@ -20,12 +20,20 @@ How big a batch's records are in the driver is estimated before it is read: two 
 of current's rows (the uncompressed bytes per row of current's largest Parquet file) plus
 the change columns, and at least what the table's last batch held in the driver took. A
 table with no estimate yet (no current file) holds batches of up to
-``DRIVER_BATCH_MIN_RECORDS`` records, as before the bound was in bytes.
+``DRIVER_BATCH_MIN_RECORDS`` records, as before the bound was in bytes. The same bound
+keeps a driver merge's collected latest rows (``lake.driver_merge``) within the budget.
+
+An estimate can be far too low: current's rows are narrow and a backfill writes wide
+values. When the driver then cannot take what it collects (Spark refuses the job's results
+above ``spark.driver.maxResultSize``, or Python runs out of memory), the batch goes on
+through Spark's jobs and MERGE at once, and the table's batches stay there for
+``ESTIMATE_TTL_S`` (``too_big``): retrying the same collect would stop the table.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -53,6 +61,11 @@ log = logging.getLogger(__name__)
 _sizes_lock = threading.Lock()
 _estimated: dict[str, tuple[float, CurrentEstimate]] = {}  # current's path -> (when read, estimate)
 _held: dict[str, float] = {}  # current's path -> bytes per record of the table's last batch held in the driver
+_too_big: dict[str, float] = {}  # current's path -> when a batch of the table did not fit in the driver
+# what Spark says when a job's results exceed spark.driver.maxResultSize ("Total size of serialized
+# results of 1 tasks (16.2 MiB) is bigger than spark.driver.maxResultSize (4.0 MiB)")
+_RESULT_TOO_BIG = ("spark.driver.maxResultSize", "Total size of serialized results")
+_RESULT_TOO_BIG_SENTENCE = re.compile(r"Total size of serialized results .*?maxResultSize \([^)]*\)")
 
 
 def fits_in_driver(window: WindowPlan, table: LakeTable) -> bool:
@@ -64,7 +77,7 @@ def fits_in_driver(window: WindowPlan, table: LakeTable) -> bool:
     the held rows back into the JVM as a local relation instead of a cached frame."""
     from cdc_platform.model.windows import is_batch_key
 
-    if not is_batch_key(window.key) or table.driver_batch_max_bytes == 0:
+    if not is_batch_key(window.key) or table.driver_batch_max_bytes == 0 or recently_too_big(table):
         return False
     records = sum(r.end - r.start for r in window.ranges)
     estimate = current_estimate(table)
@@ -80,6 +93,45 @@ def _merged_in_driver(table: LakeTable, records: int, current_rows: int | None) 
     bound = driver_merge_bound(table)
     small = current_rows is not None and current_rows <= bound and records <= DRIVER_MERGE_MAX_CHANGES
     return small and not table.config.history
+
+
+def collects_in_driver(table: LakeTable, rows: int) -> bool:
+    """Whether the driver may collect ``rows`` rows of a batch it does not hold (a driver
+    merge's latest event per key): their estimated bytes within ``lake.driver_batch_max_mb``.
+    Without an estimate yet (no current file) the merge's own bounds decide, as before."""
+    if table.driver_batch_max_bytes == 0 or recently_too_big(table):
+        return False
+    record_bytes = current_estimate(table).record_bytes
+    return record_bytes is None or rows * record_bytes <= table.driver_batch_max_bytes
+
+
+def too_big_for_driver(exc: BaseException) -> bool:
+    """Whether ``exc`` says the driver could not take what a batch collected: Spark refused
+    the results (``spark.driver.maxResultSize``) or Python ran out of memory. Anything else
+    (Kafka unreachable, a bad record) is the batch's error, whichever path reads it."""
+    return isinstance(exc, MemoryError) or any(marker in str(exc) for marker in _RESULT_TOO_BIG)
+
+
+def too_big(table: LakeTable, what: str, exc: BaseException) -> None:
+    """``what`` of a batch of ``table`` did not fit in the driver: said once, with the fix,
+    and the table's batches go through Spark's jobs and MERGE for ``ESTIMATE_TTL_S``."""
+    with _sizes_lock:
+        _too_big[table.current_path] = time.monotonic()
+    text = " ".join(str(exc).split())
+    said = _RESULT_TOO_BIG_SENTENCE.search(text)
+    why = said.group(0) if said else "out of memory" if isinstance(exc, MemoryError) else text[:300]
+    log.warning(
+        "%s: %s was too big for the driver (%s); this batch and the table's batches for the next %.0f min go "
+        "through Spark's jobs and MERGE instead. If the table's changes stay this wide, lower "
+        "lake.driver_batch_max_mb or raise spark.driver.maxResultSize and spark.driver.memory",
+        table.key, what, why, ESTIMATE_TTL_S / 60,
+    )  # fmt: skip
+
+
+def recently_too_big(table: LakeTable) -> bool:
+    with _sizes_lock:
+        since = _too_big.get(table.current_path)
+    return since is not None and time.monotonic() - since < ESTIMATE_TTL_S
 
 
 @dataclass(frozen=True)

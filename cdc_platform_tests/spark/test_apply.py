@@ -801,6 +801,38 @@ def test_a_backlog_batch_of_a_small_table_is_held_in_the_driver(one_table_env: C
     assert_current_equals_source(lake, keys, at_least=11_999)
 
 
+def test_a_batch_too_big_for_the_driver_is_applied_by_spark_not_retried_forever(
+    one_table_env: CaptureEnv, spark: Any
+) -> None:
+    """Current's narrow rows estimate a burst of wide rows far too small: the driver tries to
+    hold the batch, and Spark refuses the collect (``spark.driver.maxResultSize``, a user's
+    setting; the default 1 GB is the same wall further out). The long-running apply must
+    then apply the batch with Spark's jobs and MERGE, and say why, not retry the same
+    collect until the table is stuck (what it did: every retry planned the batch alike)."""
+    env = one_table_env
+    with env.config_path.open("a") as config:  # the apply process's Spark, as a user sets it
+        config.write("spark:\n  conf:\n    spark.driver.maxResultSize: 4m\n")
+    lake, keys = Lake(env.config, spark), _keys(env)
+    _changes(env, seed=1, first_id=1, transactions=10)
+    env.run_until_caught_up()
+    lake.snapshot(keys[0], "g1")
+    with env.stream_apply(spark) as engine:  # current's files, and the estimate: narrow rows
+        _changes(env, seed=2, first_id=1000, transactions=10)
+        env.run_until_caught_up()
+        engine.run_until_caught_up()
+    with env.app() as app:  # ~16 MB of records: 5 000 rows of 3 200 hexadecimal characters
+        app.execute(
+            "INSERT INTO items (id, body, qty) SELECT g, (SELECT string_agg(md5(g::text || i::text), '') "
+            "FROM generate_series(1, 100) i), 1 FROM generate_series(100000, 104999) g"
+        )
+    env.run_until_caught_up()
+    assert _apply(env, "--once") == 0, (env.config_path.parent / "apply.log").read_text()[-4000:]
+    said = (env.config_path.parent / "apply.log").read_text()
+    assert "too big for the driver" in said and "is bigger than spark.driver.maxResultSize" in said
+    assert "[retriable]" not in said  # the same attempt went on through Spark: no failed try, no backoff
+    assert_current_equals_source(lake, keys, at_least=5000)
+
+
 def _files_ever_added(path: str) -> set[str]:
     """Every data file a commit of the table's log added (relative paths)."""
     import json

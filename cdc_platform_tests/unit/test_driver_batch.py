@@ -224,3 +224,59 @@ def test_without_current_a_record_count_bounds_the_batch_and_a_held_batch_teache
     remember_held(table, pa.table({"v": ["x" * 4000] * 10}))
     assert current_estimate(table).record_bytes > 4000
     assert not fits_in_driver(_batch(100_000), table)
+
+
+def test_a_driver_merge_collects_only_what_the_estimate_fits(tmp_path: Any) -> None:
+    """A batch the driver does not hold merges there only when its latest rows (at most one
+    per change) fit ``lake.driver_batch_max_mb``: 200 000 changes of 2 KB rows would be
+    ~800 MB collected into the driver, past Spark's default result limit (1 GB) with both
+    images; Spark's MERGE takes them. 0: the driver collects nothing."""
+    from cdc_platform.lake.driver_batch import collects_in_driver
+
+    _fresh_estimates()
+    narrow, wide = _table(tmp_path / "narrow"), _table(tmp_path / "wide")
+    assert collects_in_driver(narrow, 200_000)  # no current yet: the merge's own bounds decide
+    _current(narrow, 1000, 40)
+    _current(wide, 1000, 2000)
+    assert collects_in_driver(narrow, 200_000)
+    assert not collects_in_driver(wide, 200_000)
+    assert collects_in_driver(wide, 30_000)
+    assert not collects_in_driver(_table(tmp_path / "narrow", driver_batch_max_mb=0), 10)
+
+
+def test_a_batch_too_big_for_the_driver_sends_the_table_to_spark_for_a_while(
+    tmp_path: Any, monkeypatch: Any, caplog: Any
+) -> None:
+    """Spark refusing a collect's results (or Python out of memory) is the driver's limit, not
+    the batch's error: the table's batches go through Spark for ``ESTIMATE_TTL_S``, with one
+    warning naming the settings, then the driver is tried again. Other errors are not
+    mistaken for it (they are the batch's, whichever path reads it)."""
+    import logging
+
+    from cdc_platform.lake import driver_batch
+    from cdc_platform.lake.driver_batch import collects_in_driver, fits_in_driver, too_big, too_big_for_driver
+
+    refused = RuntimeError(
+        "An error occurred while calling o1234.collectAsArrowToPython. : org.apache.spark.SparkException: Job "
+        "aborted due to stage failure: Total size of serialized results of 1 tasks (16.2 MiB) is bigger than "
+        "spark.driver.maxResultSize (4.0 MiB)"
+    )
+    assert too_big_for_driver(refused) and too_big_for_driver(MemoryError())
+    assert not too_big_for_driver(RuntimeError("org.apache.kafka.common.errors.TimeoutException: Timed out"))
+    _fresh_estimates()
+    driver_batch._too_big.clear()
+    table, other = _table(tmp_path / "t"), _table(tmp_path / "other")
+    _current(table, 1000, 10)
+    _current(other, 1000, 10)
+    assert fits_in_driver(_batch(1000), table) and collects_in_driver(table, 1000)
+    with caplog.at_level(logging.WARNING, logger=driver_batch.log.name):
+        too_big(table, "a batch of 1000 records", refused)
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "too big for the driver" in warning and "spark.driver.maxResultSize" in warning
+    assert "lake.driver_batch_max_mb" in warning
+    assert "(16.2 MiB) is bigger than spark.driver.maxResultSize (4.0 MiB)" in warning  # the figures, not a trace
+    assert not fits_in_driver(_batch(1000), table) and not collects_in_driver(table, 1000)
+    assert fits_in_driver(_batch(1000), other)  # only that table
+    later = driver_batch.time.monotonic() + driver_batch.ESTIMATE_TTL_S + 1
+    monkeypatch.setattr(driver_batch.time, "monotonic", lambda: later)
+    assert fits_in_driver(_batch(1000), table)  # tried again: the wide burst may be over
