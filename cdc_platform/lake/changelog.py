@@ -31,8 +31,7 @@ from cdc_platform.lake.driver_batch import (
     fits_in_driver,
     kind_statistics,
     remember_held,
-    too_big,
-    too_big_for_driver,
+    within_driver,
 )
 from cdc_platform.lake.lake_types import row_type
 from cdc_platform.lake.ledger import Ledger
@@ -262,12 +261,12 @@ def _read_decoded(
     spans = [(r.partition, r.start, r.end) for r in window.ranges]
     raw = read_raw(spark, kafka.kafka.bootstrap_servers, table.topic, spans)
     if fits_in_driver(window, table):
-        try:
-            return _decoded_in_driver(spark, jvm_decoded(raw, schema, table.encoding), schema, table, window)
-        except Exception as exc:  # an estimate far too low: Spark's cached path below takes the batch
-            if not too_big_for_driver(exc):
-                raise
-            too_big(table, f"a batch of {sum(r.end - r.start for r in window.ranges)} records", exc)
+        held = within_driver(
+            table, f"a batch of {sum(r.end - r.start for r in window.ranges)} records",
+            lambda: _decoded_in_driver(spark, jvm_decoded(raw, schema, table.encoding), schema, table, window),
+        )  # fmt: skip
+        if held is not None:
+            return held  # else an estimate far too low: Spark's cached path below takes the batch
     rows = jvm_decoded(raw, schema, table.encoding).cache()
     columns = [*change_schema_of(schema).names, "window_start"]
     in_window = F.lit(changelog_partition(window.key))
@@ -487,19 +486,16 @@ def _appended_in_driver(
 
     def rows() -> pa.Table:  # held in the driver already, or collected once delta-rs may write
         if held is None:
-            try:
-                return good.toArrow()
-            except Exception as exc:
-                if too_big_for_driver(exc):
-                    raise _CollectRefused from exc
-                raise
+            collected = within_driver(table, f"the {rows_in_batch} rows of a batch", good.toArrow)
+            if collected is None:
+                raise _CollectRefused
+            return collected
         return held.filter(pc.is_null(held["error"])).drop_columns(list(NOT_IN_CHANGELOG))
 
     identity, app_id = batch_identity(table, batch.number), transaction_app_id(table)
     try:
         return append_in_driver(table, rows, identity, app_id, batch.number)
-    except _CollectRefused as refused:  # before delta-rs wrote anything: Spark appends the batch
-        too_big(table, f"the {rows_in_batch} rows of a batch", refused.__cause__ or refused)
+    except _CollectRefused:  # before delta-rs wrote anything: Spark appends the batch
         return False
 
 

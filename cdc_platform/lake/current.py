@@ -45,7 +45,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.lake.crash_points import crash_point
-from cdc_platform.lake.driver_batch import collects_in_driver, too_big, too_big_for_driver
+from cdc_platform.lake.driver_batch import collects_in_driver, within_driver
 from cdc_platform.lake.driver_merge import (
     collected_events,
     collected_latest,
@@ -486,7 +486,10 @@ def _merge(
     if merges_in_driver(table, current_rows, summary.changes, summary.truncate is not None, [*keys, *columns]) and (
         arrow is not None or collects_in_driver(table, summary.changes)
     ):
-        collected = _collected_for_driver(spark, table, batch, arrow, keys, columns, guard, summary.changes)
+        collected = within_driver(
+            table, f"the latest rows of a batch of {summary.changes} changes",
+            lambda: _latest_for_driver(spark, table, batch, arrow, keys, columns, guard, summary.changes),
+        )  # fmt: skip
         driver = None if collected is None else merge_in_driver(table, collected, keys, columns, summary.deletes > 0)
         if driver is not None:
             return _Batch(summary.changes, summary.max_commit, summary.max_ts, driver.inserted - driver.deleted)
@@ -509,21 +512,6 @@ def _merge(
     else:
         rows_delta = None
     return _Batch(summary.changes, summary.max_commit, summary.max_ts, rows_delta)
-
-
-def _collected_for_driver(
-    spark: SparkSession, table: LakeTable, batch: DataFrame, arrow: pa.Table | None, keys: list[str],
-    columns: list[str], guard: bool, changes: int,
-) -> pa.Table | None:  # fmt: skip
-    """``_latest_for_driver``, or None when the driver could not take what it collected (an
-    estimate far too low): Spark's MERGE then takes the batch (``driver_batch.too_big``)."""
-    try:
-        return _latest_for_driver(spark, table, batch, arrow, keys, columns, guard, changes)
-    except Exception as exc:
-        if not too_big_for_driver(exc):
-            raise
-        too_big(table, f"the latest rows of a batch of {changes} changes", exc)
-        return None
 
 
 def _latest_for_driver(

@@ -21,7 +21,8 @@ of current's rows (the uncompressed bytes per row of current's largest Parquet f
 the change columns, and at least what the table's last batch held in the driver took. A
 table with no estimate yet (no current file) holds batches of up to
 ``DRIVER_BATCH_MIN_RECORDS`` records, as before the bound was in bytes. The same bound
-keeps a driver merge's collected latest rows (``lake.driver_merge``) within the budget.
+keeps what a driver merge or a driver append collects of a batch the driver does not hold
+within the budget (``collects_in_driver``).
 
 An estimate can be far too low: current's rows are narrow and a backfill writes wide
 values. When the driver then cannot take what it collects (Spark refuses the job's results
@@ -36,8 +37,9 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote
 
 from cdc_platform.lake.driver_append import DRIVER_APPEND_MAX_ROWS
@@ -57,6 +59,7 @@ RECORD_OVERHEAD_BYTES = 128  # a change row's own columns: positions, op, times,
 ESTIMATE_TTL_S = 600.0  # current's row size read again after this (its columns and values change)
 DEAD = "__dead_letter"  # the kind of a record that could not be decoded
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 _sizes_lock = threading.Lock()
 _estimated: dict[str, tuple[float, CurrentEstimate]] = {}  # current's path -> (when read, estimate)
@@ -77,7 +80,7 @@ def fits_in_driver(window: WindowPlan, table: LakeTable) -> bool:
     the held rows back into the JVM as a local relation instead of a cached frame."""
     from cdc_platform.model.windows import is_batch_key
 
-    if not is_batch_key(window.key) or table.driver_batch_max_bytes == 0 or recently_too_big(table):
+    if not is_batch_key(window.key) or not _driver_takes_batches(table):
         return False
     records = sum(r.end - r.start for r in window.ranges)
     estimate = current_estimate(table)
@@ -99,10 +102,27 @@ def collects_in_driver(table: LakeTable, rows: int) -> bool:
     """Whether the driver may collect ``rows`` rows of a batch it does not hold (a driver
     merge's latest event per key): their estimated bytes within ``lake.driver_batch_max_mb``.
     Without an estimate yet (no current file) the merge's own bounds decide, as before."""
-    if table.driver_batch_max_bytes == 0 or recently_too_big(table):
+    if not _driver_takes_batches(table):
         return False
     record_bytes = current_estimate(table).record_bytes
     return record_bytes is None or rows * record_bytes <= table.driver_batch_max_bytes
+
+
+def _driver_takes_batches(table: LakeTable) -> bool:
+    """Not ``lake.driver_batch_max_mb: 0``, and no batch of the table was too big lately."""
+    return table.driver_batch_max_bytes > 0 and not recently_too_big(table)
+
+
+def within_driver(table: LakeTable, what: str, collect: Callable[[], T]) -> T | None:
+    """``collect()`` (what brings ``what`` of a batch of ``table`` into the driver), or None
+    when the driver could not take it (``too_big``): the caller goes on through Spark."""
+    try:
+        return collect()
+    except Exception as exc:
+        if not too_big_for_driver(exc):
+            raise
+        too_big(table, what, exc)
+        return None
 
 
 def too_big_for_driver(exc: BaseException) -> bool:
