@@ -65,6 +65,7 @@ _sizes_lock = threading.Lock()
 _estimated: dict[str, tuple[float, CurrentEstimate]] = {}  # current's path -> (when read, estimate)
 _held: dict[str, float] = {}  # current's path -> bytes per record of the table's last batch held in the driver
 _too_big: dict[str, float] = {}  # current's path -> when a batch of the table did not fit in the driver
+_refused: dict[str, int] = {}  # current's path -> how many times the driver could not take a batch's collect
 # what Spark says when a job's results exceed spark.driver.maxResultSize ("Total size of serialized
 # results of 1 tasks (16.2 MiB) is bigger than spark.driver.maxResultSize (4.0 MiB)")
 _RESULT_TOO_BIG = ("spark.driver.maxResultSize", "Total size of serialized results")
@@ -137,6 +138,7 @@ def too_big(table: LakeTable, what: str, exc: BaseException) -> None:
     and the table's batches go through Spark's jobs and MERGE for ``ESTIMATE_TTL_S``."""
     with _sizes_lock:
         _too_big[table.current_path] = time.monotonic()
+        _refused[table.current_path] = _refused.get(table.current_path, 0) + 1
     text = " ".join(str(exc).split())
     said = _RESULT_TOO_BIG_SENTENCE.search(text)
     why = said.group(0) if said else "out of memory" if isinstance(exc, MemoryError) else text[:300]
@@ -146,6 +148,13 @@ def too_big(table: LakeTable, what: str, exc: BaseException) -> None:
         "lake.driver_batch_max_mb or raise spark.driver.maxResultSize and spark.driver.memory",
         table.key, what, why, ESTIMATE_TTL_S / 60,
     )  # fmt: skip
+
+
+def refused(table: LakeTable) -> int:
+    """How many times, in this process, the driver could not take a collect of ``table``'s
+    batches (``too_big``): the apply's reports show it, so a table on Spark is seen in the UI."""
+    with _sizes_lock:
+        return _refused.get(table.current_path, 0)
 
 
 def recently_too_big(table: LakeTable) -> bool:

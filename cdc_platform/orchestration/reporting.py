@@ -9,6 +9,9 @@ every table's state without a run per micro-batch and without an event log that 
   caught up, and no change applied since the last report waited longer than that from its
   commit to current (the batches' oldest changes); a table back within reach after a report
   that was behind is reported at once.
+  Each also says how many batches were too big for the driver since the last report
+  (``too_big_for_driver``), and while such a table's batches go through Spark's jobs and
+  MERGE, that they do.
   Observations, not materializations: Dagster counts a check's result only for the
   materialization it followed, so materializations every minute hid every check result
   of the 10-minute runs (the asset showed "0 / 4 Passed", a failure vanished within a
@@ -30,6 +33,7 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
+from cdc_platform.lake import driver_batch
 from cdc_platform.lake.apply import TableApplied
 from cdc_platform.lake.changelog import ChangelogDay
 from cdc_platform.lake.current import CurrentResult
@@ -109,6 +113,7 @@ class RunlessReporter:
         self.vacuumed_since: dict[str, Vacuumed] = {}  # per table: the VACUUMs of old files since the last report
         self.days: dict[str, ChangelogDay] = {}  # per table: the day being filled
         self.partitions: set[tuple[str, str]] = set()  # (partitions definition, key) known to exist
+        self.refused_seen: dict[str, int] = {}  # per table: driver_batch.refused at its last report
 
     def __call__(self, applied: Sequence[TableApplied]) -> None:
         for item in applied:
@@ -191,6 +196,7 @@ class RunlessReporter:
             metadata["longest_wait_s"] = dg.MetadataValue.float(round(waited_s, 1))
         if vacuumed is not None:
             metadata.update(vacuum_metadata(vacuumed))
+        metadata.update(self._driver_metadata(key))
         self.emit(dg.AssetObservation(asset_key=current_asset_key(config), metadata=metadata))
         if result.history is not None:
             self.emit(dg.AssetObservation(asset_key=history_asset_key(config), metadata=history_metadata(result)))
@@ -204,6 +210,22 @@ class RunlessReporter:
                 description=fresh_check_description(result, offsets_behind, within_s, config.source, waited_s),
             )
         )  # fmt: skip
+
+    def _driver_metadata(self, key: str) -> dict[str, dg.MetadataValue]:
+        """Batches too big for the driver since the last report (plotted: 0 when none), and
+        while the table's batches go through Spark because of one, that it is so: otherwise
+        only a warning in the apply's log says why the table got slower."""
+        table = self.tables[key]
+        refused = driver_batch.refused(table)
+        metadata: dict[str, dg.MetadataValue] = {
+            "too_big_for_driver": dg.MetadataValue.int(refused - self.refused_seen.get(key, 0))
+        }
+        self.refused_seen[key] = refused
+        if driver_batch.recently_too_big(table):
+            metadata["batches_through"] = dg.MetadataValue.text(
+                "Spark's jobs and MERGE: a batch was too big for the driver (see the apply's log)"
+            )
+        return metadata
 
     # ------------------------------------------------------------ changelog days
 

@@ -241,6 +241,49 @@ def test_the_vacuums_of_old_files_since_the_last_report_are_shown_on_current(tmp
         assert newest()["old_files_deleted"].value == 7  # a scheduled run: its VACUUMs summed
 
 
+def test_a_batch_too_big_for_the_driver_shows_on_current_in_the_ui(tmp_path: Path) -> None:
+    """A table whose batch was too big for the driver applies through Spark for a while,
+    slower: current's next report counts the refusals since the last one (0 otherwise, so
+    the UI plots it) and says the table's batches go through Spark while they do. Only the
+    apply's log said so before."""
+    import dagster as dg
+
+    from cdc_platform.lake import driver_batch
+    from cdc_platform.lake.apply import TableApplied
+    from cdc_platform.lake.current import CurrentResult
+    from cdc_platform.lake.tables import lake_table
+    from cdc_platform.orchestration.reporting import RunlessReporter
+
+    config = load_config(_config(tmp_path, "    apply: {engine: stream}"))
+    table = lake_table(config, config.tables[0])
+    now = [0.0]
+    applied = [TableApplied(table.key, batch="b", current=CurrentResult("g1", False, 1, 10, {0: 5}, 123, None, 0.1))]
+
+    def newest() -> Any:
+        records = instance.fetch_observations(dg.AssetKey(["shop", "orders"]), limit=1).records
+        return records[0].asset_observation.metadata
+
+    refused = RuntimeError("Total size of serialized results of 1 tasks (16.2 MiB) is bigger than "
+                           "spark.driver.maxResultSize (4.0 MiB)")  # fmt: skip
+    with dg.DagsterInstance.ephemeral() as instance:
+        report = RunlessReporter(instance, [table], position=str, clock=lambda: now[0])
+        report(applied)
+        assert newest()["too_big_for_driver"].value == 0 and "batches_through" not in newest()
+        driver_batch.too_big(table, "a batch of 1000 records", refused)
+        driver_batch.too_big(table, "a batch of 1000 records", refused)
+        now[0] = 60.0
+        report(applied)
+        assert newest()["too_big_for_driver"].value == 2
+        assert "too big for the driver" in newest()["batches_through"].value
+        now[0] = 120.0
+        report(applied)
+        assert newest()["too_big_for_driver"].value == 0  # since the last report
+        driver_batch._too_big.clear()  # the time-to-live over: back on the driver
+        now[0] = 180.0
+        report(applied)
+        assert "batches_through" not in newest()
+
+
 def test_the_apply_observes_current_and_reports_its_fresh_check(tmp_path: Path) -> None:
     """Current is observed, never materialized, by the apply: Dagster counts a check's
     result only for the materialization it followed, and materializations every minute hid
