@@ -15,10 +15,12 @@ timestamp, timestamptz (ISO instants in UTC, ±infinity), numeric/money (precise
 text-like kinds, and the unavailable (TOAST) placeholder. Python decodes: other arrays,
 time/timetz as integers, numeric beyond those, and anything unusual. Where a JSON value's
 token matters (``"5"`` is not ``5`` for an integer column) the typed parse marks the record
-corrupt; for text columns, where Spark would silently take a number's text, a pattern over
-the raw value sends records with a non-string token to Python; for text arrays, where
-Spark would take a number's or a nested array's text as an element, the array written
-back as JSON must be the field's JSON exactly.
+corrupt; for text columns, where Spark would silently take a number's text, the value's
+token read from a second parse as a variant (``try_parse_json``) sends records with a
+non-string token to Python; for text arrays, where Spark would take a number's or a nested
+array's text as an element, the array written back as JSON must be the field's JSON
+exactly. The variant parse also gives the images' field names (fields the schema lacks)
+and refuses any field named twice.
 """
 
 from __future__ import annotations
@@ -64,7 +66,6 @@ _HEX = r"^(?:[0-9a-fA-F]{2})*$"
 # the ISO instants Spark parses exactly as Python does: 4-digit years from 0001, UTC, µs at most
 _UTC_INSTANT = r"^(?!0000)[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?Z$"
 _DECIMAL_TEXT = r"^-?[0-9]+(?:\.[0-9]+)?$"
-_PLAIN_KEY_TEXT = r"^[ -\[\]-~]*$"  # printable ASCII without backslash: Python and Spark write it alike
 _PATH_NAME = r"^[A-Za-z0-9_]+$"  # a column name a JSON path ($.after.<name>) spells as it is
 
 
@@ -272,33 +273,60 @@ def _decoded_columns(schema: TableSchema) -> Stage:
 
 
 def _parsed(schema: TableSchema) -> list[Stage]:
-    """Stage 1: the value parsed once (``__env``), its top-level fields (``__top``), and the
-    payload (``__p``: the envelope itself, or Connect's ``payload``)."""
+    """Stage 1: the value parsed once with the table's types (``__env``) and once as a
+    variant (``__j``); the images' fields as maps of variants (``__before_fields``,
+    ``__after_fields``: their names, and each value's JSON token) and the payload (``__p``:
+    the envelope itself, or Connect's ``payload``). The variant parse refuses a field named
+    twice at any depth (the record goes to Python), so no field list is checked for
+    repeats. It replaced three field-list parses and a pattern over the text: a warm
+    200 000-record decode took 4.2 s with them."""
     from pyspark.sql import functions as F
 
     value = F.col("value").cast("string")
     envelope = F.from_json(value, _envelope_wire(schema), JSON_OPTIONS)
     parts = ("op", "source", "before", "after")
-    env, top = F.col("__env"), F.col("__top")
+    env, wrapped = F.col("__env"), F.col("__wrapped")
     key_text = F.col("key").cast("string")
     first: Stage = [
         *RAW_COLUMNS,
         value.alias("__text"),
         envelope.alias("__env"),
-        F.json_object_keys(value).alias("__top"),
+        F.try_parse_json(value).alias("__j"),
         F.json_object_keys(key_text).alias("__key_top"),
     ]
     second: Stage = [
         "*",
+        # as Spark writes it back (compact, its own escapes): ``_key`` compares it with Spark's JSON of the key
         F.when(wrapped_in(F.col("__key_top")), F.get_json_object(key_text, "$.payload"))
-        .otherwise(key_text)
+        .otherwise(F.get_json_object(key_text, "$"))
         .alias("__key_payload"),
-        F.when(wrapped_in(top), F.lit("$.payload.")).otherwise(F.lit("$.")).alias("__path"),
-        F.when(wrapped_in(top), F.struct(*[env["payload"][p].alias(p) for p in parts]))
+        # Connect's JSON converter with schemas, {"schema": …, "payload": …}, from the typed
+        # parse (``schema`` an empty struct: skipped, not copied). A JSON null in either
+        # reads as not wrapped where Python reads it as wrapped: the record then has no
+        # ``op`` at the top, and goes to Python.
+        F.coalesce(env["schema"].isNotNull() & env["payload"].isNotNull(), F.lit(False)).alias("__wrapped"),
+    ]
+    third: Stage = [
+        "*",
+        F.when(wrapped, F.lit("$.payload.")).otherwise(F.lit("$.")).alias("__path"),
+        F.when(wrapped, F.struct(*[env["payload"][p].alias(p) for p in parts]))
         .otherwise(F.struct(*[env[p].alias(p) for p in parts]))
         .alias("__p"),
+        *[_at(part, "map<string,variant>").alias(f"__{part}_fields") for part in ("before", "after")],
+        _at("source.sequence", "variant").alias("__sequence_token"),
     ]
-    return [first, second]
+    return [first, second, third]
+
+
+def _at(path: str, as_type: str) -> Column:
+    """The variant's value at ``path`` of the payload (``after``, ``source.sequence``), with or
+    without Connect's ``payload``, as ``as_type``; SQL null when missing or of another shape."""
+    from pyspark.sql import functions as F
+
+    parsed = F.col("__j")
+    return F.when(F.col("__wrapped"), F.try_variant_get(parsed, f"$.payload.{path}", as_type)).otherwise(
+        F.try_variant_get(parsed, f"$.{path}", as_type)
+    )
 
 
 def _conversions(schema: TableSchema, encoding: ValueEncoding) -> list[Column]:
@@ -327,13 +355,12 @@ def _conversions(schema: TableSchema, encoding: ValueEncoding) -> list[Column]:
     return [
         *columns,
         F.from_json(F.col("__key_payload"), _key_wire(schema), JSON_OPTIONS).alias("__key_parsed"),
-        F.json_object_keys(F.col("__key_payload")).alias("__key_fields"),
         lsn.value.alias("__lsn"),
         lsn.ok.alias("__lsn_ok"),
         tx_id.value.alias("__tx"),
         tx_id.ok.alias("__tx_ok"),
         sequence.alias("__sequence"),
-        _no_string_token_where_text_is_expected(F.col("__text"), schema).alias("__guard"),
+        _strings_where_text_is_expected(schema).alias("__guard"),
     ]
 
 
@@ -423,7 +450,7 @@ def _envelope_ok(payload: Column) -> Column:
         F.col("__env").isNotNull()
         & F.col(f"__env.{CORRUPT}").isNull()
         & F.expr("is_valid_utf8(value)")
-        & (F.size("__top") == F.size(F.array_distinct("__top")))
+        & F.col("__j").isNotNull()  # valid JSON, no field named twice at any depth
         & ~F.col("__text").contains("cdc_unconvertible")
         & op.isin("r", "c", "u", "d", "t")
         & payload["source"].isNotNull()
@@ -468,6 +495,7 @@ def _envelope_wire(schema: TableSchema) -> Any:
         [
             *payload,
             T.StructField("payload", T.StructType(payload)),
+            T.StructField("schema", T.StructType([])),  # whether it is there (``__wrapped``), not what it says
             T.StructField(CORRUPT, T.StringType()),
         ]
     )
@@ -531,7 +559,7 @@ def _array(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDe
 
 def _text(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
     """Text-like kinds (timetz too): the JSON string itself; another token sends the record
-    to Python (``_no_string_token``)."""
+    to Python (``_strings_where_text_is_expected``)."""
     from pyspark.sql import functions as F
 
     return ColumnDecoding(raw, F.lit(False), raw == F.lit(UNAVAILABLE))
@@ -658,9 +686,11 @@ def _commit_lsn(sequence: Column, listed: Column, lsn: Column) -> tuple[Column, 
 
 
 def _image_keys(part: str) -> Column:
+    """The image's field names (sorted: a variant object's order); empty when it is not an
+    object. A field named twice is not seen here: ``try_parse_json`` refuses the record."""
     from pyspark.sql import functions as F
 
-    return F.coalesce(F.json_object_keys(_json_at(part)), F.array().cast("array<string>"))
+    return F.coalesce(F.map_keys(F.col(f"__{part}_fields")), F.array().cast("array<string>"))
 
 
 def _unknown_columns(schema: TableSchema) -> Checked:
@@ -694,47 +724,46 @@ def _key_wire(schema: TableSchema) -> Any:
 
 
 def _key(schema: TableSchema) -> Checked:
-    """``key_json`` as the Python decoder writes it (``json.dumps``, compact), for plain
-    keys: exactly the key columns in order, integers or ASCII strings without escapes.
-    From stage 2's ``__key_parsed`` and ``__key_fields``."""
+    """``key_json`` as the Python decoder writes it (``json.dumps``, compact, ASCII), for
+    plain keys. Exact when the key's payload as Spark writes it back (``__key_payload``:
+    compact, escapes resolved) is Spark's JSON of the key columns itself: then it holds
+    exactly those columns in order, once each, each with its own token (Spark writes
+    ``"5"`` for a text column holding ``5``, ``null`` for an integer one holding ``"5"``);
+    and when it is printable ASCII without a backslash, which Python writes alike (it
+    escapes everything else; Spark writes non-ASCII as it is). One comparison where a
+    field-list parse and two patterns over the text ran."""
     from pyspark.sql import functions as F
 
     key = F.col("key")
     columns = _plain_key_columns(schema)
     if columns is None:
         return Checked(F.lit(None).cast("string"), key.isNull())
-    text, top, parsed = key.cast("string"), F.col("__key_top"), F.col("__key_parsed")
+    top, parsed, payload = F.col("__key_top"), F.col("__key_parsed"), F.col("__key_payload")
     value = F.to_json(F.struct(*[parsed[c.name].alias(c.name) for c in columns]), {"ignoreNullFields": "false"})
-    texts = [c.name for c in columns if _wire_type(c).typeName() == "string"]
     ok = (
         F.expr("is_valid_utf8(key)")
-        & text.rlike(_PLAIN_KEY_TEXT)
-        & (F.size(top) == F.size(F.array_distinct(top)))
-        & (F.col("__key_fields") == F.array(*[F.lit(c.name) for c in columns]))
-        & parsed[CORRUPT].isNull()
-        & _no_string_token(text, texts)
+        & (F.size(top) == F.size(F.array_distinct(top)))  # the payload Python takes is the one read
+        & (payload == value)
+        & (F.octet_length(payload) == F.length(payload))  # one byte per character: ASCII
+        & ~payload.contains("\\")
+        & ~payload.contains("\x7f")
     )
     return Checked(F.when(key.isNotNull(), value), key.isNull() | F.coalesce(ok, F.lit(False)))
 
 
-def _no_string_token_where_text_is_expected(value: Column, schema: TableSchema) -> Column:
-    """False when a field the JVM reads as text (a string-wire column, ``source.sequence``)
-    holds another JSON token: Spark would take its text, Python its value."""
-    names = [c.name for c in schema.columns if _wire_type(c).typeName() == "string"] + ["sequence"]
-    return _no_string_token(value, names)
-
-
-def _no_string_token(text: Column, names: list[str]) -> Column:
-    """Whether ``text`` has no ``"<name>": <a token other than a string or null>``. A
-    pattern that matches more than needed only sends records to Python."""
+def _strings_where_text_is_expected(schema: TableSchema) -> Column:
+    """False when a field the JVM reads as text (a string-wire column of either image,
+    ``source.sequence``) holds another JSON token: Spark would take its text, Python its
+    value. Read from the images' maps of variants (a JSON null is ``VOID``, a missing field
+    SQL null), so any column name is looked up as it is."""
     from pyspark.sql import functions as F
 
-    if not names:
-        return F.lit(True)
-    if any("\\E" in n or '"' in n or "\\" in n for n in names):
-        return F.lit(False)  # names a pattern cannot quote: every record to Python
-    alternatives = "|".join(f"\\Q{n}\\E" for n in names)
-    return ~F.coalesce(text.rlike(f'"(?:{alternatives})"\\s*:\\s*[^"\\sn]'), F.lit(False))
+    names = [c.name for c in schema.columns if _wire_type(c).typeName() == "string"]
+    tokens = [F.col(f"__{part}_fields")[n] for part in ("before", "after") for n in names]
+    ok = F.lit(True)
+    for token in [*tokens, F.col("__sequence_token")]:
+        ok = ok & F.coalesce(F.schema_of_variant(token).isin("STRING", "VOID"), F.lit(True))
+    return ok
 
 
 _CONVERSIONS = {
