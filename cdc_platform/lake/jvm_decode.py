@@ -664,13 +664,15 @@ def _precise_decimal(raw: Column, scale: int, target: str) -> Column:
 
 
 def _digits(raw: Column) -> Checked:
-    """``changes._int_or_none``: an integer or a string of digits, else null; one past
-    64 bits is a value Python keeps and Arrow refuses (the Python decoder's error row)."""
+    """``changes._int_or_none``: an integer or a string of digits, else null. Exact only
+    for an integer Spark writes back as the same text (a JSON integer, or ASCII digits
+    without a plus or leading zeros); anything else is Python's: it reads ``"٣"`` (any
+    Unicode digit) as 3 and ``"-0"`` as 0, and past 64 bits keeps a value Arrow refuses
+    (its error row). Non-digit text is malformed: Python's too, at no cost that matters."""
     from pyspark.sql import functions as F
 
-    digits = raw.rlike(r"^-?[0-9]+$")
-    value = F.when(digits, raw.try_cast("bigint"))
-    return Checked(value, F.coalesce(~digits | value.isNotNull(), F.lit(True)))
+    value = raw.try_cast("bigint")
+    return Checked(value, raw.isNull() | F.coalesce(value.cast("string") == raw, F.lit(False)))
 
 
 def _commit_lsn(sequence: Column, listed: Column, lsn: Column) -> tuple[Column, Column]:

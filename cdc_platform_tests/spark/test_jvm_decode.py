@@ -145,6 +145,7 @@ def _debezium_records() -> tuple[list[tuple[bytes | None, bytes | None]], int]:
         (_key(9), b'{"schema": null, "payload": ' + _env(change()) + b"}"),  # Python unwraps it; no op on top
         (_key(9, True), _env(change(), True)[:-1] + b', "payload": ' + _env(change(op="d")) + b"}"),  # payload twice
         (_key(9), _env(change(source={**SOURCE, "sequence": 5}))),  # a number where the sequence's text belongs
+        (_key(9), _env(change(source={**SOURCE, "lsn": "\u0663", "txId": "-0"}))),  # Python: int("٣") is 3, "-0" 0
         (_key("9", True), _env(change(), True)),  # a wrapped key's string token where an integer belongs
         (b'{"id": 9, "other": 1}', _env(change())),
         (_key(9), b"{'op': 'c'}"),
