@@ -292,14 +292,11 @@ def _parsed(schema: TableSchema) -> list[Stage]:
         value.alias("__text"),
         envelope.alias("__env"),
         F.try_parse_json(value).alias("__j"),
-        F.json_object_keys(key_text).alias("__key_top"),
+        F.from_json(key_text, _key_wire(schema), JSON_OPTIONS).alias("__key_env"),
     ]
     second: Stage = [
         "*",
-        # as Spark writes it back (compact, its own escapes): ``_key`` compares it with Spark's JSON of the key
-        F.when(wrapped_in(F.col("__key_top")), F.get_json_object(key_text, "$.payload"))
-        .otherwise(F.get_json_object(key_text, "$"))
-        .alias("__key_payload"),
+        _key_wrapped().alias("__key_wrapped"),
         # Connect's JSON converter with schemas, {"schema": …, "payload": …}, from the typed
         # parse (``schema`` an empty struct: skipped, not copied). A JSON null in either
         # reads as not wrapped where Python reads it as wrapped: the record then has no
@@ -314,6 +311,7 @@ def _parsed(schema: TableSchema) -> list[Stage]:
         .alias("__p"),
         *[_at(part, "map<string,variant>").alias(f"__{part}_fields") for part in ("before", "after")],
         _at("source.sequence", "variant").alias("__sequence_token"),
+        _key_value(schema).alias("__key_value"),
     ]
     return [first, second, third]
 
@@ -354,7 +352,7 @@ def _conversions(schema: TableSchema, encoding: ValueEncoding) -> list[Column]:
     )
     return [
         *columns,
-        F.from_json(F.col("__key_payload"), _key_wire(schema), JSON_OPTIONS).alias("__key_parsed"),
+        _key_written_back().alias("__key_payload"),
         lsn.value.alias("__lsn"),
         lsn.ok.alias("__lsn_ok"),
         tx_id.value.alias("__tx"),
@@ -457,13 +455,6 @@ def _envelope_ok(payload: Column) -> Column:
         & (~op.isin("c", "u", "r") | payload["after"].isNotNull())
         & ((op != "d") | payload["before"].isNotNull() | F.col("key").isNotNull())
     )
-
-
-def wrapped_in(top_keys: Column) -> Column:
-    """Connect's JSON converter with schemas: ``{"schema": …, "payload": …}``."""
-    from pyspark.sql import functions as F
-
-    return F.array_contains(top_keys, "schema") & F.array_contains(top_keys, "payload")
 
 
 @dataclass(frozen=True)
@@ -708,43 +699,87 @@ def _unknown_columns(schema: TableSchema) -> Checked:
 
 def _plain_key_columns(schema: TableSchema) -> list[LakeColumn] | None:
     """The key columns when every one is an integer or text kind (a key Spark writes as
-    Python does), else None."""
+    Python does) and none is named ``schema`` or ``payload`` (the key's own parse reads
+    those as Connect's wrapping), else None: such keys are the Python decoder's."""
     plain = {"int16", "int32", "int64", "text", "uuid", "enum"}
     columns = [schema.column(name) for name in schema.key]
-    if not columns or any(c is None or c.pgtype.kind not in plain for c in columns):
+    if not columns or any(c is None or c.pgtype.kind not in plain or c.name in ("schema", "payload") for c in columns):
         return None
     return [c for c in columns if c is not None]
 
 
 def _key_wire(schema: TableSchema) -> Any:
+    """``from_json``'s schema for a key: its columns at the top, or in Connect's ``payload``
+    (``schema`` an empty struct: whether it is there, not what it says)."""
     from pyspark.sql import types as T
 
-    columns = _plain_key_columns(schema) or []
+    columns = [T.StructField(c.name, _wire_type(c)) for c in _plain_key_columns(schema) or []]
     return T.StructType(
-        [T.StructField(c.name, _wire_type(c)) for c in columns] + [T.StructField(CORRUPT, T.StringType())]
+        [
+            *columns,
+            T.StructField("schema", T.StructType([])),
+            T.StructField("payload", T.StructType(columns)),
+            T.StructField(CORRUPT, T.StringType()),
+        ]
+    )
+
+
+def _key_wrapped() -> Column:
+    """The key in Connect's ``{"schema": …, "payload": …}``. A JSON null in either reads as
+    not wrapped, where Python reads it as wrapped: its columns are then not at the top, and
+    the key goes to Python (``_key``)."""
+    from pyspark.sql import functions as F
+
+    env = F.col("__key_env")
+    return F.coalesce(env["schema"].isNotNull() & env["payload"].isNotNull(), F.lit(False))
+
+
+def _key_value(schema: TableSchema) -> Column:
+    """Spark's JSON of the key columns, compact, in order, nulls written."""
+    from pyspark.sql import functions as F
+
+    columns = _plain_key_columns(schema)
+    if columns is None:
+        return F.lit(None).cast("string")
+    env, wrapped = F.col("__key_env"), F.col("__key_wrapped")
+    values = [F.when(wrapped, env["payload"][c.name]).otherwise(env[c.name]).alias(c.name) for c in columns]
+    return F.to_json(F.struct(*values), {"ignoreNullFields": "false"})
+
+
+def _key_written_back() -> Column:
+    """The key's columns' JSON as the key holds it, for ``_key`` to compare: the text itself
+    when it is already Spark's JSON of the key (the compact keys capture and Debezium write:
+    no second parse), else the key (or its ``payload``) written back by Spark (compact, its
+    own escapes)."""
+    from pyspark.sql import functions as F
+
+    text, wrapped = F.col("key").cast("string"), F.col("__key_wrapped")
+    return (
+        F.when(~wrapped & (text == F.col("__key_value")), text)
+        .when(wrapped, F.get_json_object(text, "$.payload"))
+        .otherwise(F.get_json_object(text, "$"))
     )
 
 
 def _key(schema: TableSchema) -> Checked:
     """``key_json`` as the Python decoder writes it (``json.dumps``, compact, ASCII), for
-    plain keys. Exact when the key's payload as Spark writes it back (``__key_payload``:
-    compact, escapes resolved) is Spark's JSON of the key columns itself: then it holds
-    exactly those columns in order, once each, each with its own token (Spark writes
-    ``"5"`` for a text column holding ``5``, ``null`` for an integer one holding ``"5"``);
-    and when it is printable ASCII without a backslash, which Python writes alike (it
-    escapes everything else; Spark writes non-ASCII as it is). One comparison where a
-    field-list parse and two patterns over the text ran."""
+    plain keys. Exact when the key's columns' JSON as the key holds it (``__key_payload``)
+    is Spark's JSON of the key columns (``__key_value``): then it holds exactly those
+    columns in order, once each, each with its own token (Spark writes ``"5"`` for a text
+    column holding ``5``, ``null`` for an integer one holding ``"5"``). A ``payload`` named
+    twice needs no check of its own: Spark's parse keeps the last, as Python does, and the
+    text written back is the first (they differ: Python's). And when it is printable ASCII
+    without a backslash, which Python writes alike (it escapes everything else; Spark
+    writes non-ASCII as it is). One parse and one comparison for a compact key, where three
+    parses and two patterns over the text ran."""
     from pyspark.sql import functions as F
 
     key = F.col("key")
-    columns = _plain_key_columns(schema)
-    if columns is None:
+    if _plain_key_columns(schema) is None:
         return Checked(F.lit(None).cast("string"), key.isNull())
-    top, parsed, payload = F.col("__key_top"), F.col("__key_parsed"), F.col("__key_payload")
-    value = F.to_json(F.struct(*[parsed[c.name].alias(c.name) for c in columns]), {"ignoreNullFields": "false"})
+    payload, value = F.col("__key_payload"), F.col("__key_value")
     ok = (
         F.expr("is_valid_utf8(key)")
-        & (F.size(top) == F.size(F.array_distinct(top)))  # the payload Python takes is the one read
         & (payload == value)
         & (F.octet_length(payload) == F.length(payload))  # one byte per character: ASCII
         & ~payload.contains("\\")

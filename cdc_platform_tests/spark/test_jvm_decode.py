@@ -148,6 +148,8 @@ def _debezium_records() -> tuple[list[tuple[bytes | None, bytes | None]], int]:
         (_key(9), _env(change(source={**SOURCE, "lsn": "\u0663", "txId": "-0"}))),  # Python: int("٣") is 3, "-0" 0
         (_key("9", True), _env(change(), True)),  # a wrapped key's string token where an integer belongs
         (b'{"id": 9, "other": 1}', _env(change())),
+        (b'{"schema": {}, "payload": {"id": 9}, "payload": {"id": 10}}', _env(change())),  # Python: the last
+        (b'{"schema": null, "payload": {"id": 9}}', _env(change())),  # Python unwraps it
         (_key(9), b"{'op': 'c'}"),
         (_key(9), b"not json"),
         (_key(9), b"[1, 2]"),
