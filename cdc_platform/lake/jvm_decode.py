@@ -296,12 +296,8 @@ def _parsed(schema: TableSchema) -> list[Stage]:
     ]
     second: Stage = [
         "*",
-        _key_wrapped().alias("__key_wrapped"),
-        # Connect's JSON converter with schemas, {"schema": …, "payload": …}, from the typed
-        # parse (``schema`` an empty struct: skipped, not copied). A JSON null in either
-        # reads as not wrapped where Python reads it as wrapped: the record then has no
-        # ``op`` at the top, and goes to Python.
-        F.coalesce(env["schema"].isNotNull() & env["payload"].isNotNull(), F.lit(False)).alias("__wrapped"),
+        _wrapped(F.col("__key_env")).alias("__key_wrapped"),
+        _wrapped(env).alias("__wrapped"),
     ]
     third: Stage = [
         "*",
@@ -314,6 +310,16 @@ def _parsed(schema: TableSchema) -> list[Stage]:
         _key_value(schema).alias("__key_value"),
     ]
     return [first, second, third]
+
+
+def _wrapped(parsed: Column) -> Column:
+    """A value or key in Connect's ``{"schema": …, "payload": …}``, from its typed parse
+    (``schema`` an empty struct: skipped, not copied). A JSON null in either reads as not
+    wrapped where Python reads it as wrapped: nothing the JVM needs is then at the top,
+    and the record goes to Python."""
+    from pyspark.sql import functions as F
+
+    return F.coalesce(parsed["schema"].isNotNull() & parsed["payload"].isNotNull(), F.lit(False))
 
 
 def _at(path: str, as_type: str) -> Column:
@@ -722,16 +728,6 @@ def _key_wire(schema: TableSchema) -> Any:
             T.StructField(CORRUPT, T.StringType()),
         ]
     )
-
-
-def _key_wrapped() -> Column:
-    """The key in Connect's ``{"schema": …, "payload": …}``. A JSON null in either reads as
-    not wrapped, where Python reads it as wrapped: its columns are then not at the top, and
-    the key goes to Python (``_key``)."""
-    from pyspark.sql import functions as F
-
-    env = F.col("__key_env")
-    return F.coalesce(env["schema"].isNotNull() & env["payload"].isNotNull(), F.lit(False))
 
 
 def _key_value(schema: TableSchema) -> Column:
