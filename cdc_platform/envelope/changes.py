@@ -12,14 +12,14 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import orjson
 
 from cdc_platform.envelope.debezium import UNAVAILABLE
-from cdc_platform.envelope.decode import date_value, parse_zoned_timestamp, wall_clock_value
+from cdc_platform.envelope.decode import EPOCH_UTC, date_value, parse_zoned_timestamp, wall_clock_value
 from cdc_platform.envelope.encoding import PLATFORM_ENCODING, ValueEncoding
 from cdc_platform.envelope.lsn import format_lsn
 from cdc_platform.envelope.pgtypes import (
@@ -31,8 +31,13 @@ from cdc_platform.envelope.pgtypes import (
 )
 
 MAX_DECIMAL_PRECISION = 38
-_NON_FINITE = {"NaN", "Infinity", "-Infinity"}
+NON_FINITE = {"NaN", "Infinity", "-Infinity"}
 OPS = {"r", "c", "u", "d", "t"}
+# the source commit times kept (0002-01-01 to 9998-12-31 UTC): Python's datetime holds them in
+# any time zone, and PySpark hands a collected timestamp back as local time (in the first day
+# of year 1 that failed a batch's statistics in UTC, past ±2^63 µs Spark failed the batch)
+MAX_NUMERIC_DIGITS_BEFORE_POINT, MAX_NUMERIC_DIGITS_AFTER_POINT = 131_072, 16_383  # PostgreSQL's numeric
+SOURCE_TIME_MILLIS = (-62104060800000, 253370764799999)
 
 
 class ChangeDecodeError(ValueError):
@@ -87,27 +92,19 @@ def decode_record(
     if "cdc_unconvertible" in envelope:
         raise ChangeDecodeError(_unconvertible_reason(envelope))
     op = envelope.get("op")
-    if op not in OPS:
+    if not isinstance(op, str) or op not in OPS:
         raise ChangeDecodeError(f"op is {op!r}, expected one of c, u, d, t, r")
     source = envelope.get("source")
     if not isinstance(source, dict):
         raise ChangeDecodeError("no 'source' block")
     lsn = _int_or_none(source.get("lsn"))
-    commit_lsn = lsn
     sequence = source.get("sequence")
-    if isinstance(sequence, str):
-        try:
-            first = _loads(sequence)[0]
-            commit_lsn = int(first) if first is not None else lsn
-        except (ValueError, IndexError, TypeError, json.JSONDecodeError):
-            raise ChangeDecodeError(f"source.sequence {sequence!r} is not ['<lsn>', '<lsn>']") from None
-    ts_ms = source.get("ts_ms")
     row = ChangeRow(
         op=op,
-        commit_lsn=commit_lsn,
+        commit_lsn=_commit_lsn(sequence, lsn) if isinstance(sequence, str) else lsn,
         lsn=lsn,
         tx_id=_int_or_none(source.get("txId")),
-        source_ts=datetime.fromtimestamp(ts_ms / 1000, UTC) if isinstance(ts_ms, int | float) else None,
+        source_ts=_source_time(source.get("ts_ms")),
         key=_parse_key(key),
     )
     if op == "t":
@@ -130,6 +127,30 @@ def decode_record(
     if op == "d" and row.before is None and row.key is None:
         raise ChangeDecodeError("delete without 'before' and without a key")
     return row
+
+
+def _commit_lsn(sequence: str, lsn: int | None) -> int | None:
+    """The commit position: the first of ``source.sequence`` (``'["<commit lsn>", "<lsn>"]'``),
+    or the LSN when it is null. Anything else there is malformed: a position read from a
+    boolean or a float would order the change wrongly, and silently."""
+    try:
+        listed = _loads(sequence)
+        first = listed[0] if isinstance(listed, list) else None
+        if not isinstance(listed, list) or not isinstance(first, str | int | None) or isinstance(first, bool):
+            raise ValueError(sequence)
+        return int(first) if first is not None else lsn
+    except (ValueError, IndexError):
+        raise ChangeDecodeError(f"source.sequence {sequence!r} is not ['<lsn>', '<lsn>']") from None
+
+
+def _source_time(ts_ms: Any) -> datetime | None:
+    """``source.ts_ms``, the source's commit time: metadata, not the row. Counted exactly
+    (a float division lost the millisecond past the year 2242). None when it is not a number
+    or not in ``SOURCE_TIME_MILLIS`` (a broken producer's): the change is kept."""
+    if isinstance(ts_ms, bool) or not isinstance(ts_ms, int | float):
+        return None
+    low, high = SOURCE_TIME_MILLIS
+    return EPOCH_UTC + timedelta(milliseconds=ts_ms) if low <= ts_ms <= high else None  # NaN compares false
 
 
 def _unconvertible_reason(envelope: dict[str, Any]) -> str:
@@ -242,6 +263,21 @@ def _map_elements(items: list[Any], element: PgType, typmod: int, encoding: Valu
     ]
 
 
+def _check_within_postgresql(value: Decimal) -> None:
+    """PostgreSQL's numeric holds 131 072 digits before the point and 16 383 after. A value
+    past either is not one it sent; written out as text (the lake's form of an unconstrained
+    numeric) a scale of 86 400 000 000 took the worker's memory before failing."""
+    if not value.is_finite():
+        return
+    exponent = value.as_tuple().exponent
+    before, after = max(value.adjusted() + 1, 0), max(-exponent if isinstance(exponent, int) else 0, 0)
+    if before > MAX_NUMERIC_DIGITS_BEFORE_POINT or after > MAX_NUMERIC_DIGITS_AFTER_POINT:
+        raise ValueError(
+            f"{before} digits before the point and {after} after: beyond PostgreSQL's numeric "
+            f"({MAX_NUMERIC_DIGITS_BEFORE_POINT} and {MAX_NUMERIC_DIGITS_AFTER_POINT})"
+        )
+
+
 def _depth(items: list[Any]) -> int:
     return 1 + max((_depth(v) for v in items if isinstance(v, list)), default=0)
 
@@ -249,12 +285,13 @@ def _depth(items: list[Any]) -> int:
 def _numeric(raw: Any, precision_scale: tuple[int, int] | None, precise: bool) -> Decimal | str:
     if isinstance(raw, dict):  # VariableScaleDecimal
         value = bytes_to_decimal(base64.b64decode(raw["value"], validate=True), int(raw["scale"]))
-    elif precise and isinstance(raw, str) and precision_scale is not None and raw not in _NON_FINITE:
+    elif precise and isinstance(raw, str) and precision_scale is not None and raw not in NON_FINITE:
         value = bytes_to_decimal(base64.b64decode(raw, validate=True), precision_scale[1])
     elif isinstance(raw, int | float | str):
         value = Decimal(str(raw))  # decimal.handling.mode=string/double, or NaN as text
     else:
         raise TypeError("not a decimal")
+    _check_within_postgresql(value)
     if precision_scale is not None and precision_scale[0] <= MAX_DECIMAL_PRECISION:
         if not value.is_finite():
             raise ValueError(
@@ -279,8 +316,8 @@ def _parse_key(key: bytes | None) -> dict[str, Any] | None:
         return None
     try:
         parsed = _loads(key)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ChangeDecodeError("key is not JSON") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ChangeDecodeError(f"key is not JSON: {exc}") from None
     if isinstance(parsed, dict) and "payload" in parsed and "schema" in parsed:
         parsed = parsed["payload"]
     if not isinstance(parsed, dict):
@@ -294,7 +331,11 @@ def _loads(data: bytes | str) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
+        pass
+    try:
         return json.loads(data)
+    except RecursionError:  # orjson stops at 1 024 levels, the standard parser near 1 000
+        raise json.JSONDecodeError("nested too deeply to read", "", 0) from None
 
 
 def _int_or_none(value: Any) -> int | None:

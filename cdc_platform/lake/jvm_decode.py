@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from cdc_platform.envelope.changes import NON_FINITE, SOURCE_TIME_MILLIS
 from cdc_platform.envelope.debezium import UNAVAILABLE
 from cdc_platform.envelope.encoding import ValueEncoding
 from cdc_platform.envelope.pgtypes import INT64_MAX, INT64_MIN, numeric_precision_scale
@@ -48,6 +49,7 @@ RAW_COLUMNS = ("partition", "offset", "timestamp", "timestampType", "key", "valu
 INT_RANGES = {"int16": (-(2**15), 2**15 - 1), "int32": (-(2**31), 2**31 - 1), "int64": (INT64_MIN, INT64_MAX)}
 MAX_JVM_DECIMAL_BYTES = 7  # unscaled values up to 56 bits: conv() and bigint arithmetic stay exact
 CORRUPT = "__corrupt"
+MAX_TIME_OF_DAY_MICROS = 86_400_000_000  # 24:00:00
 OFFSETS_PER_TASK = 20_000
 # A range ends where the topic ends (a batch reads up to the end offsets): the consumer's
 # last fetch finds nothing new and the broker holds it for fetch.max.wait.ms (500 ms by
@@ -244,7 +246,7 @@ def _row_columns() -> Stage:
         F.when(~is_tombstone, F.col("__commit")).alias("commit_lsn"),
         F.when(~is_tombstone, F.col("__lsn")).alias("lsn"),
         F.when(~is_tombstone, F.col("__tx")).alias("tx_id"),
-        F.when(~is_tombstone, F.timestamp_millis(payload["source"]["ts_ms"])).alias("source_ts"),
+        F.when(~is_tombstone, _source_time(payload["source"]["ts_ms"])).alias("source_ts"),
         F.col("__key_json").alias("key_json"),
         not_t.otherwise(F.col("__before")).alias("before"),
         not_t.otherwise(F.col("__after")).alias("after"),
@@ -256,6 +258,14 @@ def _row_columns() -> Stage:
         F.lit(None).cast("binary").alias("raw_key"),
         F.lit(None).cast("binary").alias("raw_value"),
     ]
+
+
+def _source_time(ts_ms: Column) -> Column:
+    """``changes._source_time``: the source's commit time, null outside ``SOURCE_TIME_MILLIS``
+    (beyond ±2^63 µs ``timestamp_millis`` failed the whole batch)."""
+    from pyspark.sql import functions as F
+
+    return F.when(ts_ms.between(*SOURCE_TIME_MILLIS), F.timestamp_millis(ts_ms))
 
 
 def _decoded_columns(schema: TableSchema) -> Stage:
@@ -283,21 +293,22 @@ def _parsed(schema: TableSchema) -> list[Stage]:
     from pyspark.sql import functions as F
 
     value = F.col("value").cast("string")
-    envelope = F.from_json(value, _envelope_wire(schema), JSON_OPTIONS)
     parts = ("op", "source", "before", "after")
     env, wrapped = F.col("__env"), F.col("__wrapped")
     key_text = F.col("key").cast("string")
     first: Stage = [
         *RAW_COLUMNS,
         value.alias("__text"),
-        envelope.alias("__env"),
-        F.try_parse_json(value).alias("__j"),
-        F.from_json(key_text, _key_wire(schema), JSON_OPTIONS).alias("__key_env"),
+        _typed_parse(value, _envelope_wire(schema)).alias("__value_parse"),
+        F.try_parse_json(F.concat(F.lit("["), value, F.lit("]"))).alias("__j"),
+        _typed_parse(key_text, _key_wire(schema)).alias("__key_parse"),
     ]
     second: Stage = [
         "*",
-        _wrapped(F.col("__key_env")).alias("__key_wrapped"),
-        _wrapped(env).alias("__wrapped"),
+        F.col("__value_parse.k").alias("__env"),
+        F.col("__key_parse.k").alias("__key_env"),
+        _wrapped(F.col("__key_parse.k")).alias("__key_wrapped"),
+        _wrapped(F.col("__value_parse.k")).alias("__wrapped"),
     ]
     third: Stage = [
         "*",
@@ -310,6 +321,21 @@ def _parsed(schema: TableSchema) -> list[Stage]:
         _key_value(schema).alias("__key_value"),
     ]
     return [first, second, third]
+
+
+def _typed_parse(text: Column, wire: StructType) -> Column:
+    """``text`` parsed with ``wire``'s types, as field ``k`` of ``{"k": <text>}``, with the
+    corrupt-record column beside it. Spark's parser stops at the end of the first JSON value
+    and ignores what follows; Python's refuses it ("Extra data"). So the value is parsed
+    inside an object here and inside an array by the variant parse (``[<text>]``, ``__j``),
+    and what follows it must fit both: ``]`` breaks the object, ``}`` the array, and after
+    a ``,`` the object needs ``"name":`` where the array needs a value (never both). A
+    record either parse refuses is Python's."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    one_value = T.StructType([T.StructField("k", wire), T.StructField(CORRUPT, T.StringType())])
+    return F.from_json(F.concat(F.lit('{"k":'), text, F.lit("}")), one_value, JSON_OPTIONS)
 
 
 def _wrapped(parsed: Column) -> Column:
@@ -327,9 +353,9 @@ def _at(path: str, as_type: str) -> Column:
     without Connect's ``payload``, as ``as_type``; SQL null when missing or of another shape."""
     from pyspark.sql import functions as F
 
-    parsed = F.col("__j")
-    return F.when(F.col("__wrapped"), F.try_variant_get(parsed, f"$.payload.{path}", as_type)).otherwise(
-        F.try_variant_get(parsed, f"$.{path}", as_type)
+    parsed = F.col("__j")  # the value as the one element of an array (``_typed_parse``)
+    return F.when(F.col("__wrapped"), F.try_variant_get(parsed, f"$[0].payload.{path}", as_type)).otherwise(
+        F.try_variant_get(parsed, f"$[0].{path}", as_type)
     )
 
 
@@ -452,7 +478,7 @@ def _envelope_ok(payload: Column) -> Column:
     op = payload["op"]
     return (
         F.col("__env").isNotNull()
-        & F.col(f"__env.{CORRUPT}").isNull()
+        & F.col(f"__value_parse.{CORRUPT}").isNull()
         & F.expr("is_valid_utf8(value)")
         & F.col("__j").isNotNull()  # valid JSON, no field named twice at any depth
         & ~F.col("__text").contains("cdc_unconvertible")
@@ -493,7 +519,6 @@ def _envelope_wire(schema: TableSchema) -> Any:
             *payload,
             T.StructField("payload", T.StructType(payload)),
             T.StructField("schema", T.StructType([])),  # whether it is there (``__wrapped``), not what it says
-            T.StructField(CORRUPT, T.StringType()),
         ]
     )
 
@@ -577,7 +602,9 @@ def _timestamp(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> Colu
 
 
 def _time_of_day(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
-    """``changes.format_time_micros``: 'HH:MM:SS' and the fraction without trailing zeros."""
+    """``changes.format_time_micros``: 'HH:MM:SS' and the fraction without trailing zeros.
+    For times of day (up to 24:00:00, PostgreSQL's last) only: the hours come from a division
+    in doubles, exact this small, where ``253402300799999999`` µs gave one hour too many."""
     from pyspark.sql import functions as F
 
     unit = 1000 if encoding.in_millis("time", column.typmod) else 1
@@ -589,7 +616,8 @@ def _time_of_day(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> Co
     )  # fmt: skip
     fraction_text = F.when(fraction > 0, F.rtrim(F.format_string(".%06d", fraction), F.lit("0"))).otherwise("")
     text = F.when(micros.isNotNull(), F.concat(clock, fraction_text))
-    return ColumnDecoding(text, raw.isNotNull() & ~F.coalesce(micros >= 0, F.lit(False)), F.lit(False))
+    a_time_of_day = F.coalesce(micros.between(0, MAX_TIME_OF_DAY_MICROS), F.lit(False))
+    return ColumnDecoding(text, raw.isNotNull() & ~a_time_of_day, F.lit(False))
 
 
 def _bytea(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> ColumnDecoding:
@@ -624,6 +652,7 @@ def _decimal(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> Column
     from pyspark.sql import functions as F
 
     placeholder = raw == F.lit(UNAVAILABLE)
+    non_finite = raw.isin(*NON_FINITE)  # "Infinity" is base64 too (six bytes): Python reads it as infinity
     kind = column.pgtype.kind
     scale = (19, 2) if kind == "money" else numeric_precision_scale(column.typmod)
     if scale is None or scale[0] > MAX_SPARK_DECIMAL_PRECISION:  # numeric kept as text: the Python decoder
@@ -635,7 +664,7 @@ def _decimal(raw: Column, column: LakeColumn, encoding: ValueEncoding) -> Column
     else:  # decimal text: exact when it has no more decimals than the column
         fraction = F.coalesce(F.length(F.regexp_extract(raw, r"\.([0-9]+)$", 1)), F.lit(0))
         value = F.when(raw.rlike(_DECIMAL_TEXT) & (fraction <= digits), raw).try_cast(target)
-    return ColumnDecoding(value, F.lit(False), placeholder, python_if_null=True)
+    return ColumnDecoding(value, F.coalesce(non_finite, F.lit(False)), placeholder, python_if_null=True)
 
 
 def _precise_decimal(raw: Column, scale: int, target: str) -> Column:
@@ -674,13 +703,16 @@ def _digits(raw: Column) -> Checked:
 
 def _commit_lsn(sequence: Column, listed: Column, lsn: Column) -> tuple[Column, Column]:
     """The commit position: the first of ``source.sequence`` (a JSON text ``["<lsn>", …]``,
-    ``listed`` parsed), else the LSN."""
+    ``listed`` parsed), else the LSN. Exact when Spark writes the list back as the same text
+    (its parse ignores what follows the list; Python's refuses it) and its first as the
+    same digits (Spark's cast trims and takes ``+5``, Python's ``int`` has its own rules)."""
     from pyspark.sql import functions as F
 
     first = F.try_element_at(listed, F.lit(1))
     number = first.try_cast("bigint")
     value = F.when(sequence.isNull() | first.isNull(), lsn).otherwise(number)
-    ok = sequence.isNull() | (listed.isNotNull() & (F.size(listed) >= 1) & (first.isNull() | number.isNotNull()))
+    exact = (F.to_json(listed) == sequence) & (first.isNull() | (number.cast("string") == first))
+    ok = sequence.isNull() | (listed.isNotNull() & (F.size(listed) >= 1) & exact)
     return value, F.coalesce(ok, F.lit(False))
 
 
@@ -725,7 +757,6 @@ def _key_wire(schema: TableSchema) -> Any:
             *columns,
             T.StructField("schema", T.StructType([])),
             T.StructField("payload", T.StructType(columns)),
-            T.StructField(CORRUPT, T.StringType()),
         ]
     )
 
@@ -746,12 +777,15 @@ def _key_written_back() -> Column:
     """The key's columns' JSON as the key holds it, for ``_key`` to compare: the text itself
     when it is already Spark's JSON of the key (the compact keys capture and Debezium write:
     no second parse), else the key (or its ``payload``) written back by Spark (compact, its
-    own escapes)."""
+    own escapes), when the text is one JSON value and nothing after it (``[<text>]`` is a
+    one-element array; ``_typed_parse`` refuses a text going on with ``]``)."""
     from pyspark.sql import functions as F
 
     text, wrapped = F.col("key").cast("string"), F.col("__key_wrapped")
+    one_value = F.coalesce(F.json_array_length(F.concat(F.lit("["), text, F.lit("]"))) == 1, F.lit(False))
     return (
         F.when(~wrapped & (text == F.col("__key_value")), text)
+        .when(~one_value, F.lit(None))
         .when(wrapped, F.get_json_object(text, "$.payload"))
         .otherwise(F.get_json_object(text, "$"))
     )
@@ -776,6 +810,7 @@ def _key(schema: TableSchema) -> Checked:
     payload, value = F.col("__key_payload"), F.col("__key_value")
     ok = (
         F.expr("is_valid_utf8(key)")
+        & F.col(f"__key_parse.{CORRUPT}").isNull()  # (a corrupt parse also nulls the columns: a second guard)
         & (payload == value)
         & (F.octet_length(payload) == F.length(payload))  # one byte per character: ASCII
         & ~payload.contains("\\")

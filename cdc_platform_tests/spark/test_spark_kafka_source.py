@@ -80,14 +80,14 @@ def test_a_topics_change_events_decode_the_same_through_spark_sql_as_through_pyt
     from cdc_platform.kafka.clients import KafkaClients
     from cdc_platform.lake.changelog import read_offsets
     from cdc_platform.lake.tables import LakeTable
-    from cdc_platform_tests.spark.test_jvm_decode import SCHEMA, _debezium_records, _platform_records
+    from cdc_platform_tests.cases.envelopes import SCHEMA, debezium_records, platform_records
 
     topic = f"decode-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
     for future in admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)]).values():
         future.result(30)
     producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "enable.idempotence": True})
-    records = _platform_records() + _debezium_records()[0]
+    records = platform_records() + debezium_records()[0]
     for i, (key, value) in enumerate(records):
         producer.produce(topic, key=key, value=value, partition=i % 3)
     assert producer.flush(30) == 0
