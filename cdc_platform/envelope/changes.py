@@ -33,10 +33,10 @@ from cdc_platform.envelope.pgtypes import (
 MAX_DECIMAL_PRECISION = 38
 NON_FINITE = {"NaN", "Infinity", "-Infinity"}
 OPS = {"r", "c", "u", "d", "t"}
+MAX_NUMERIC_DIGITS_BEFORE_POINT, MAX_NUMERIC_DIGITS_AFTER_POINT = 131_072, 16_383  # PostgreSQL's numeric
 # the source commit times kept (0002-01-01 to 9998-12-31 UTC): Python's datetime holds them in
 # any time zone, and PySpark hands a collected timestamp back as local time (in the first day
 # of year 1 that failed a batch's statistics in UTC, past ±2^63 µs Spark failed the batch)
-MAX_NUMERIC_DIGITS_BEFORE_POINT, MAX_NUMERIC_DIGITS_AFTER_POINT = 131_072, 16_383  # PostgreSQL's numeric
 SOURCE_TIME_MILLIS = (-62104060800000, 253370764799999)
 
 

@@ -45,8 +45,8 @@ def _raw(spark: Any, records: list[Record]) -> Any:
     return spark.createDataFrame(rows, schema).select(*RAW_COLUMNS)
 
 
-def _decoded_both_ways(spark: Any, records: list[Record], encoding: ValueEncoding) -> tuple[Any, Any]:
-    """The JVM decoder's rows (``jvm_decoded``, cached) and the Python decoder's rows of
+def _decoded_both_ways(spark: Any, records: list[Record], encoding: ValueEncoding) -> tuple[Any, Any, Any]:
+    """The raw records, the JVM decoder's rows (``jvm_decoded``, cached) and the Python decoder's rows of
     every record, after checking that the stream apply's two ways of mixing them give the
     Python decoder's rows, record for record."""
     raw = _raw(spark, records)
@@ -62,7 +62,7 @@ def _decoded_both_ways(spark: Any, records: list[Record], encoding: ValueEncodin
         both = mixed.exceptAll(by_python).union(by_python.exceptAll(mixed))
         differ = sorted({r["kafka_offset"] for r in both.select("kafka_offset").collect()})
         assert not differ, [(o, records[o], _as_json(mixed, o), _as_json(by_python, o)) for o in differ[:3]]
-    return rows, by_python
+    return raw, rows, by_python
 
 
 @pytest.mark.spark_codegen
@@ -70,8 +70,7 @@ def _decoded_both_ways(spark: Any, records: list[Record], encoding: ValueEncodin
 def test_every_record_decodes_the_same_in_the_jvm_as_in_python(spark: Any, encoding: ValueEncoding) -> None:
     debezium, good = debezium_records()
     records = platform_records() + debezium
-    rows, by_python = _decoded_both_ways(spark, records, encoding)
-    raw = _raw(spark, records)
+    raw, rows, by_python = _decoded_both_ways(spark, records, encoding)
     python_rows = rows.where("not __jvm").count()
     assert python_decoded(rows, SCHEMA, encoding).count() == python_rows > 10  # only those leave the JVM
     assert by_python.where("error is not null").count() > 10  # the malformed ones are error rows in both
@@ -90,7 +89,7 @@ def test_mutated_records_decode_the_same_in_the_jvm_as_in_python(spark: Any, enc
     seed): each gives the same row, or the same error row, either way; none fails the batch."""
     debezium, good = debezium_records()  # records the JVM decodes, one value changed: its checks are under test
     records = mutated_records(platform_records() + debezium[:good], 2000, seed=ENCODINGS.index(encoding), most=1)
-    rows, by_python = _decoded_both_ways(spark, records, encoding)
+    _, rows, by_python = _decoded_both_ways(spark, records, encoding)
     assert 0 < by_python.where("error is not null").count() < len(records)
     assert rows.where("__jvm").count() > 100  # not all sent to Python
 
