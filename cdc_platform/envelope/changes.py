@@ -34,10 +34,11 @@ MAX_DECIMAL_PRECISION = 38
 NON_FINITE = {"NaN", "Infinity", "-Infinity"}
 OPS = {"r", "c", "u", "d", "t"}
 MAX_NUMERIC_DIGITS_BEFORE_POINT, MAX_NUMERIC_DIGITS_AFTER_POINT = 131_072, 16_383  # PostgreSQL's numeric
-# the source commit times kept (0002-01-01 to 9998-12-31 UTC): Python's datetime holds them in
-# any time zone, and PySpark hands a collected timestamp back as local time (in the first day
-# of year 1 that failed a batch's statistics in UTC, past ±2^63 µs Spark failed the batch)
-SOURCE_TIME_MILLIS = (-62104060800000, 253370764799999)
+# the metadata instants kept (a source's commit time, a Kafka record's timestamp), 0002-01-01 to
+# 9998-12-31 UTC: Python's datetime holds them in any time zone, and PySpark hands a collected
+# timestamp back as local time (in the first day of year 1 that failed a batch's statistics
+# in UTC, past ±2^63 µs Spark failed the batch, past year 9999 Python did)
+INSTANT_MILLIS = (-62104060800000, 253370764799999)
 
 
 class ChangeDecodeError(ValueError):
@@ -104,7 +105,7 @@ def decode_record(
         commit_lsn=_commit_lsn(sequence, lsn) if isinstance(sequence, str) else lsn,
         lsn=lsn,
         tx_id=_int_or_none(source.get("txId")),
-        source_ts=_source_time(source.get("ts_ms")),
+        source_ts=instant_of_millis(source.get("ts_ms")),
         key=_parse_key(key),
     )
     if op == "t":
@@ -143,14 +144,15 @@ def _commit_lsn(sequence: str, lsn: int | None) -> int | None:
         raise ChangeDecodeError(f"source.sequence {sequence!r} is not ['<lsn>', '<lsn>']") from None
 
 
-def _source_time(ts_ms: Any) -> datetime | None:
-    """``source.ts_ms``, the source's commit time: metadata, not the row. Counted exactly
-    (a float division lost the millisecond past the year 2242). None when it is not a number
-    or not in ``SOURCE_TIME_MILLIS`` (a broken producer's): the change is kept."""
-    if isinstance(ts_ms, bool) or not isinstance(ts_ms, int | float):
+def instant_of_millis(millis: Any) -> datetime | None:
+    """Milliseconds since 1970 as an instant, for metadata (``source.ts_ms``, the source's
+    commit time; a Kafka record's timestamp), not the row. Counted exactly (a float division
+    lost the millisecond past the year 2242). None when it is not a number or not in
+    ``INSTANT_MILLIS`` (a broken producer's): the change is kept."""
+    if isinstance(millis, bool) or not isinstance(millis, int | float):
         return None
-    low, high = SOURCE_TIME_MILLIS
-    return EPOCH_UTC + timedelta(milliseconds=ts_ms) if low <= ts_ms <= high else None  # NaN compares false
+    low, high = INSTANT_MILLIS
+    return EPOCH_UTC + timedelta(milliseconds=millis) if low <= millis <= high else None  # NaN compares false
 
 
 def _unconvertible_reason(envelope: dict[str, Any]) -> str:

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from cdc_platform.envelope.changes import NON_FINITE, SOURCE_TIME_MILLIS
+from cdc_platform.envelope.changes import INSTANT_MILLIS, NON_FINITE
 from cdc_platform.envelope.debezium import UNAVAILABLE
 from cdc_platform.envelope.encoding import ValueEncoding
 from cdc_platform.envelope.pgtypes import INT64_MAX, INT64_MIN, numeric_precision_scale
@@ -240,13 +240,13 @@ def _row_columns() -> Stage:
         F.coalesce(ok, F.lit(False)).alias("__jvm"),
         F.col("partition").alias("kafka_partition"),
         F.col("offset").alias("kafka_offset"),
-        F.when(F.col("timestampType") >= 0, F.col("timestamp")).alias("kafka_timestamp"),
+        F.when(F.col("timestampType") >= 0, _kafka_time(F.col("timestamp"))).alias("kafka_timestamp"),
         F.when(~is_tombstone, payload["op"]).alias("op"),
         is_tombstone.alias("is_tombstone"),
         F.when(~is_tombstone, F.col("__commit")).alias("commit_lsn"),
         F.when(~is_tombstone, F.col("__lsn")).alias("lsn"),
         F.when(~is_tombstone, F.col("__tx")).alias("tx_id"),
-        F.when(~is_tombstone, _source_time(payload["source"]["ts_ms"])).alias("source_ts"),
+        F.when(~is_tombstone, _instant_of_millis(payload["source"]["ts_ms"])).alias("source_ts"),
         F.col("__key_json").alias("key_json"),
         not_t.otherwise(F.col("__before")).alias("before"),
         not_t.otherwise(F.col("__after")).alias("after"),
@@ -260,12 +260,19 @@ def _row_columns() -> Stage:
     ]
 
 
-def _source_time(ts_ms: Column) -> Column:
-    """``changes._source_time``: the source's commit time, null outside ``SOURCE_TIME_MILLIS``
-    (beyond ±2^63 µs ``timestamp_millis`` failed the whole batch)."""
+def _instant_of_millis(millis: Column) -> Column:
+    """``changes.instant_of_millis``: null outside ``INSTANT_MILLIS`` (beyond ±2^63 µs
+    ``timestamp_millis`` failed the whole batch)."""
     from pyspark.sql import functions as F
 
-    return F.when(ts_ms.between(*SOURCE_TIME_MILLIS), F.timestamp_millis(ts_ms))
+    return F.when(millis.between(*INSTANT_MILLIS), F.timestamp_millis(millis))
+
+
+def _kafka_time(timestamp: Column) -> Column:
+    """A record's Kafka timestamp, null outside ``INSTANT_MILLIS`` as Python has it."""
+    from pyspark.sql import functions as F
+
+    return _instant_of_millis(F.unix_millis(timestamp))
 
 
 def _decoded_columns(schema: TableSchema) -> Stage:

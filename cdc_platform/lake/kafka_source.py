@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -38,7 +38,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc_platform.envelope.changes import ChangeDecodeError, LakeColumnSpec, decode_record
+from cdc_platform.envelope.changes import ChangeDecodeError, LakeColumnSpec, decode_record, instant_of_millis
 from cdc_platform.envelope.encoding import ValueEncoding
 from cdc_platform.kafka.clients import worker_consumer
 from cdc_platform.model.tables import TableSchema
@@ -202,7 +202,7 @@ def _row(
     partition: int, offset: int, timestamp: tuple[int, int], key: bytes | None, value: bytes | None,
     columns: list[LakeColumnSpec], encoding: ValueEncoding,
 ) -> tuple[Any, ...]:  # fmt: skip
-    kafka_ts = datetime.fromtimestamp(timestamp[1] / 1000, UTC) if timestamp[0] else None
+    kafka_ts = instant_of_millis(timestamp[1]) if timestamp[0] else None
     try:
         change = decode_record(key, value, columns, encoding)
     except ChangeDecodeError as exc:

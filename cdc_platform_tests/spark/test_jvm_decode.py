@@ -5,7 +5,6 @@ would be a stub that the equality hides)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -35,14 +34,21 @@ from cdc_platform_tests.cases.envelopes import (
     platform_records,
 )
 
+# Kafka timestamps (ms) the records take in turn: a usual one, then ones a producer's clock or
+# a broker before Kafka 4 lets through (past year 9999, before year 1: no Python instant)
+KAFKA_MILLIS = (1764064800000, 253402300800000, 10413792000123, 9_000_000_000_000_000, -62135596800001)
+
 
 def _raw(spark: Any, records: list[Record]) -> Any:
+    from pyspark.sql import functions as F
+
     rows = [
-        (0, offset, datetime(2026, 11, 25, 10, 0, tzinfo=UTC), 0 if offset % 7 else -1, key, value)
+        (0, offset, KAFKA_MILLIS[offset % len(KAFKA_MILLIS)], 0 if offset % 7 else -1, key, value)
         for offset, (key, value) in enumerate(records)
     ]
-    schema = "partition int, offset bigint, timestamp timestamp, timestampType int, key binary, value binary"
-    return spark.createDataFrame(rows, schema).select(*RAW_COLUMNS)
+    schema = "partition int, offset bigint, millis bigint, timestampType int, key binary, value binary"
+    raw = spark.createDataFrame(rows, schema).withColumn("timestamp", F.timestamp_millis("millis"))
+    return raw.select(*RAW_COLUMNS)
 
 
 def _decoded_both_ways(spark: Any, records: list[Record], encoding: ValueEncoding) -> tuple[Any, Any, Any]:

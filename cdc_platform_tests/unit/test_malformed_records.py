@@ -26,11 +26,15 @@ from cdc_platform_tests.cases.envelopes import (
 
 
 def _decoded(
-    records: list[tuple[bytes | None, bytes | None]], encoding_index: int = 0, columns: tuple[str, ...] = ()
+    records: list[tuple[bytes | None, bytes | None]],
+    encoding_index: int = 0,
+    columns: tuple[str, ...] = (),
+    kafka_micros: int = 1_764_892_800_000_000,
 ) -> list[dict[str, Any]]:
     """The records through the Python decoder as the stream apply runs it (Arrow batches in,
     change rows out), one row per record; ``columns`` only, when given (an instant past
-    year 9999 has a lake value and no Python one)."""
+    year 9999 has a lake value and no Python one). ``kafka_micros``: every record's Kafka
+    timestamp, as Spark's Kafka source hands it over."""
     import pyarrow as pa
 
     from cdc_platform.lake.kafka_source import change_schema, decode_mixed_batches
@@ -41,7 +45,7 @@ def _decoded(
         [
             pa.array([0] * n, pa.int32()),
             pa.array(range(n), pa.int64()),
-            pa.array([datetime(2026, 12, 5, tzinfo=UTC)] * n, pa.timestamp("us", tz="UTC")),
+            pa.array([kafka_micros] * n, pa.timestamp("us", tz="UTC")),
             pa.array([0] * n, pa.int32()),
             pa.array([k for k, _ in records], pa.binary()),
             pa.array([v for _, v in records], pa.binary()),
@@ -117,6 +121,23 @@ def test_a_source_time_is_exact_to_the_millisecond_in_any_year() -> None:
     for ms in (10413792000123, 253370764799999, -62104060800000, 1732530000123):
         (row,) = _decoded([(key(9), env(_change(source={**SOURCE, "ts_ms": ms})))])
         assert row["source_ts"] == datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+
+
+@pytest.mark.parametrize("ms", [253402300800000, 9_000_000_000_000_000, -62135596800001])
+def test_a_kafka_timestamp_no_instant_can_hold_keeps_the_change_without_it(ms: int) -> None:
+    """A record's Kafka timestamp is the producer's (CreateTime) unless the topic says
+    otherwise, and brokers before Kafka 4 accept any. One outside the years 2 to 9998 leaves
+    ``kafka_timestamp`` empty, in the JVM too; the change, or its dead letter, is kept."""
+    change, dead_letter = _decoded([(key(9), env(_change())), (key(9), b"not json")], kafka_micros=ms * 1000)
+    assert (change["op"], change["error"], change["after"]["id"]) == ("c", None, 9)
+    assert dead_letter["error"] is not None and dead_letter["raw_value"] == b"not json"
+    assert change["kafka_timestamp"] is None and dead_letter["kafka_timestamp"] is None
+
+
+def test_a_kafka_timestamp_is_exact_to_the_millisecond_in_any_year() -> None:
+    for ms in (10413792000123, 253370764799999, -62104060800000, 1732530000123):
+        (row,) = _decoded([(key(9), env(_change()))], kafka_micros=ms * 1000)
+        assert row["kafka_timestamp"] == datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
 
 
 @pytest.mark.parametrize("encoding_index", range(len(ENCODINGS)))
