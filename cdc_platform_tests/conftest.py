@@ -31,7 +31,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # services, which scripts/test.sh runs first, on a stack of their own
 TEST_PROFILE = os.environ.get("CDC_TEST_PROFILE", "test")
 INTEGRATION_DIRS = ("integration", "spark", "dagster")
-SERVICE_FIXTURES = {"stack", "demo_db", "spark", "demo_config_path", "capture_password", "connect"}
+SERVICE_FIXTURES = {"stack", "demo_db", "spark", "demo_config_path", "capture_password", "connect", "spark_cluster"}
 
 # the Spark-side jars scripts/bootstrap.sh resolved (a config's spark.jars_dir wins)
 os.environ.setdefault("CDC_SPARK_JARS_DIR", str(REPO_ROOT / ".cdc" / "jars" / "spark"))
@@ -208,6 +208,25 @@ def connect(stack: StackProfile) -> Iterator[Any]:
     finally:
         if started:
             worker.down()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(stack: StackProfile) -> Iterator[Any]:
+    """A Spark standalone cluster (a master and one worker) on the test stack, started on
+    first use and stopped afterwards if this session started it. Yields the
+    ``LocalSparkCluster``; a config names it with ``spark.master: <master_url>``."""
+    from cdc_platform.devtools.stack.spark_cluster import LocalSparkCluster, SparkClusterError
+
+    cluster = LocalSparkCluster(stack)
+    try:
+        started = cluster.up()
+    except SparkClusterError as exc:
+        pytest.fail(f"the Spark cluster could not start: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        if started:
+            cluster.down()
 
 
 @pytest.fixture

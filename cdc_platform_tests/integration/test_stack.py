@@ -101,7 +101,11 @@ def test_kafka_produce_consume_round_trip(stack: StackProfile) -> None:
     admin.delete_topics([topic])
 
 
-def _listening(port: int) -> list[str]:
+# 127.0.0.1, ::ffff:127.0.0.1 as /proc/net/tcp{,6} spell them
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F"}
+
+
+def listening(port: int) -> list[str]:
     """Local addresses listening on ``port`` (from /proc/net/tcp{,6}, no tools needed)."""
     found = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -114,11 +118,10 @@ def _listening(port: int) -> list[str]:
 
 
 def test_services_listen_on_loopback_only(stack: StackProfile) -> None:
-    loopback = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, ::ffff:127.0.0.1
     for port in (stack.pg_port, stack.kafka_port, stack.controller_port, stack.mariadb_port):
-        addresses = _listening(port)
+        addresses = listening(port)
         assert addresses, f"nothing listens on {port}"
-        assert set(addresses) <= loopback, f"port {port} listens on {addresses}"
+        assert set(addresses) <= LOOPBACK, f"port {port} listens on {addresses}"
 
 
 def test_demo_workload_inserts_updates_and_deletes(demo_db: StackProfile) -> None:

@@ -27,11 +27,14 @@ def test_no_two_stack_profiles_share_a_port_or_a_directory() -> None:
     """The test suite's two stacks run beside a demo that may be up (scripts/test.sh):
     a port or a data directory in common and one would stop or overwrite another's."""
     from cdc_platform.devtools.stack import PROFILES
+    from cdc_platform.devtools.stack.spark_cluster import LocalSparkCluster
 
     profiles = list(PROFILES.values())
-    ports = [
-        port for p in profiles for port in (p.pg_port, p.kafka_port, p.controller_port, p.mariadb_port, p.connect_port)
-    ]
+    ports = []
+    for p in profiles:
+        cluster = LocalSparkCluster(p)
+        ports += [p.pg_port, p.kafka_port, p.controller_port, p.mariadb_port, p.connect_port]
+        ports += [cluster.master_port, cluster.master_ui_port, cluster.worker_port, cluster.worker_ui_port]
     assert len(ports) == len(set(ports)), ports
     assert len({p.root for p in profiles}) == len(profiles)
     assert {"dev", "test", "serial"} <= set(PROFILES)

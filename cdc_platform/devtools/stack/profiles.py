@@ -25,6 +25,9 @@ class StackProfile:
     mariadb_port: int
     # Kafka Connect's REST port (the Debezium producer; started on demand, see stack/connect.py)
     connect_port: int
+    # a Spark standalone master's port (started on demand, see stack/spark_cluster.py); its web
+    # UI, the worker's port and the worker's UI take the next three
+    spark_master_port: int
     # fsync off makes the throwaway test cluster several times faster; never for dev data
     pg_fsync: bool = True
 
@@ -53,10 +56,20 @@ class StackProfile:
     def connect_url(self) -> str:
         return f"http://127.0.0.1:{self.connect_port}"
 
+    @property
+    def spark_master_url(self) -> str:
+        return f"spark://127.0.0.1:{self.spark_master_port}"
+
 
 PROFILES = {
     "dev": StackProfile(
-        "dev", pg_port=5433, kafka_port=9092, controller_port=9093, mariadb_port=3307, connect_port=8083
+        "dev",
+        pg_port=5433,
+        kafka_port=9092,
+        controller_port=9093,
+        mariadb_port=3307,
+        connect_port=8083,
+        spark_master_port=7077,
     ),
     "test": StackProfile(
         "test",
@@ -65,6 +78,7 @@ PROFILES = {
         controller_port=9193,
         mariadb_port=3308,
         connect_port=8183,
+        spark_master_port=7177,
         pg_fsync=False,
     ),
     # the serial tests' own stack: they restart its services, so they run beside the rest
@@ -76,6 +90,7 @@ PROFILES = {
         controller_port=9293,
         mariadb_port=3309,
         connect_port=8283,
+        spark_master_port=7277,
         pg_fsync=False,
     ),
 }

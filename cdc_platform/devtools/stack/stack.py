@@ -12,6 +12,7 @@ from cdc_platform.devtools.stack.mariadb import MARIADB_PASSWORD_ENVS, LocalMari
 from cdc_platform.devtools.stack.postgres import PASSWORD_ENVS, LocalPostgres, PostgresError
 from cdc_platform.devtools.stack.procs import port_open
 from cdc_platform.devtools.stack.profiles import StackProfile
+from cdc_platform.devtools.stack.spark_cluster import LocalSparkCluster
 
 
 class StackError(RuntimeError):
@@ -68,6 +69,8 @@ def stack_down(profile: StackProfile) -> list[str]:
     stopped = []
     if LocalConnect(profile).down():  # before Kafka: it is Kafka's client
         stopped.append("connect")
+    if LocalSparkCluster(profile).down():
+        stopped.append("spark cluster")
     if LocalKafka(profile).down():
         stopped.append("kafka")
     if LocalPostgres(profile).down():
@@ -110,4 +113,8 @@ def stack_status(profile: StackProfile) -> dict[str, str]:
     else:
         taken = port_open("127.0.0.1", profile.mariadb_port)
         status["mariadb"] = "down" + (f" (port {profile.mariadb_port} used by another process)" if taken else "")
+    cluster = LocalSparkCluster(profile).running_pids()
+    if cluster:  # started on demand (the tests' spark_cluster fixture): listed only while it runs
+        status["spark cluster"] = f"up ({', '.join(f'{role} pid {pid}' for role, pid in cluster.items())}, "
+        status["spark cluster"] += f"{profile.spark_master_url})"
     return status
