@@ -279,70 +279,6 @@ def test_a_value_no_event_of_the_batch_carried_stays_as_current_has_it(
     assert_merged_by(table.table.current_path, merge_path)
 
 
-Event = tuple[str, int, int, int]  # (op, id, v, commit position): synthetic.StreamedTable's
-
-
-def _source_history(rng: Any, generation: dict[int, int], changes: int) -> list[tuple[Event, bool]]:
-    """What the source did after the generation's watermark (50), in commit order: inserts of
-    absent keys, updates (a third of them not carrying ``v``, an unchanged TOASTed value)
-    and deletes of present ones, re-inserts of deleted ones. (event, TOASTed) each."""
-    rows, history = dict(generation), []
-    for position in range(51, 51 + changes):
-        key = rng.randrange(1, 16)
-        if key not in rows:
-            rows[key] = position
-            history.append((("c", key, position, position), False))
-        elif rng.random() < 0.25:
-            del rows[key]
-            history.append((("d", key, 0, position), False))
-        else:
-            toasted = rng.random() < 0.35
-            rows[key] = rows[key] if toasted else position
-            history.append((("u", key, 0 if toasted else position, position), toasted))
-    return history
-
-
-def _delivered(rng: Any, history: list[tuple[Event, bool]]) -> list[list[int]]:
-    """Capture's delivery of ``history`` (indexes), at least once, in batches: now and then a
-    restart re-sends from a point up to 8 events back, and the apply cuts batches anywhere."""
-    sent, next_event = [], 0
-    while next_event < len(history):
-        if sent and rng.random() < 0.12:
-            next_event = max(0, next_event - rng.randrange(1, 9))  # re-sent from an earlier point
-        sent.append(next_event)
-        next_event += 1
-    batches = []
-    while sent:
-        size = rng.randrange(1, 13)
-        batches.append(sent[:size])
-        sent = sent[size:]
-    return batches
-
-
-def _stale_resends(history: list[tuple[Event, bool]], batches: list[list[int]]) -> set[str]:
-    """The ops of events re-sent after a later change of their key was delivered: a replay
-    that must not move the row back (an update), bring it back (an insert after its delete)
-    or delete it again (a delete after a re-insert)."""
-    ops, delivered = set(), []
-    for i in (i for batch in batches for i in batch):
-        (op, key, _, _), _ = history[i]
-        if any(j > i and history[j][0][1] == key for j in delivered):
-            ops.add(op)
-        delivered.append(i)
-    return ops
-
-
-def _state_after(generation: dict[int, int], history: list[tuple[Event, bool]], applied: int) -> dict[int, int]:
-    """The source's rows once its first ``applied`` changes committed: what current must hold."""
-    rows = dict(generation)
-    for (op, key, value, _), toasted in history[:applied]:
-        if op == "d":
-            rows.pop(key)
-        elif not toasted:
-            rows[key] = value
-    return rows
-
-
 def test_current_follows_the_source_through_any_redelivery_and_any_batching(
     spark: Any, tmp_path: Path, merge_path: str
 ) -> None:
@@ -354,21 +290,21 @@ def test_current_follows_the_source_through_any_redelivery_and_any_batching(
     import random
 
     from cdc_platform.lake import current
+    from cdc_platform_tests.cases.redelivery import batch_events, delivered, rows_after, source_history, stale_resends
     from cdc_platform_tests.spark.synthetic import StreamedTable
 
     rng = random.Random(4)
     generation = {k: k for k in range(1, 11)}
     table = StreamedTable(spark, tmp_path, rows=sorted(generation.items()))
     current.apply_current(spark, table.ledger, table.table)
-    history = _source_history(rng, generation, changes=70)
-    batches = _delivered(rng, history)
-    assert _stale_resends(history, batches) >= {"c", "u", "d"}  # the cases under test all occur
+    history = source_history(rng, generation, changes=70)
+    batches = delivered(rng, history)
+    assert stale_resends(history, batches) >= {"c", "u", "d"}  # the cases under test all occur
     newest = 0
     for batch in batches:
-        events = [history[i][0] for i in batch]
-        toasted = frozenset(n for n, i in enumerate(batch) if history[i][1])
+        events, toasted = batch_events(history, batch)
         newest = max(newest, *(i + 1 for i in batch))
-        assert dict(table.apply(events, toasted)) == _state_after(generation, history, newest), (batch, newest)
+        assert dict(table.apply(events, toasted)) == rows_after(generation, history, newest), (batch, newest)
     assert newest == len(history)
     assert_merged_by(table.table.current_path, merge_path)
 
