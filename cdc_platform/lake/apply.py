@@ -519,8 +519,9 @@ class StreamApply:
             state.recorded, arrow=decoded.changes_arrow(),
         )  # fmt: skip
         state.position = CurrentPosition(
-            result.generation, dict(result.frontier), result.applied_position, result.last_source_ts, result.rows
-        )
+            result.generation, dict(result.frontier), result.applied_position, result.last_source_ts, result.rows,
+            truncated_at=result.truncated_at,
+        )  # fmt: skip
         return result
 
     def _merges_decoded(

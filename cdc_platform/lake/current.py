@@ -66,7 +66,7 @@ from cdc_platform.model.windows import WindowRange, changelog_partition
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 POSITION_COLUMNS = ("_cdc_commit_lsn", "_cdc_lsn")
 # the commit position of snapshot rows (their _cdc_lsn is the watermark LSN): below every
@@ -115,6 +115,7 @@ class CurrentResult:
     # longer has (hard deletes a polled source cannot see, or deletes lost in a gap)
     dropped_by_generation: int | None = None
     dropped_sample: list[str] = field(default_factory=list)
+    truncated_at: tuple[int, int] | None = None  # CurrentPosition.truncated_at
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,12 @@ class _Batch:
     last_ts: datetime | None = None
     # how the MERGE moved current's row count; None after a truncate (then it is counted)
     rows_delta: int | None = 0
+    truncate: tuple[int, int] | None = None  # the batch's newest truncate's (commit LSN, LSN)
+
+
+def newest_truncate(*truncates: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The newest of the truncates given (positions order them), or None."""
+    return max((t for t in truncates if t is not None), default=None)
 
 
 def committed_generation(ledger: Ledger, table: LakeTable) -> Generation:
@@ -187,8 +194,12 @@ def apply_current(spark: SparkSession, ledger: Ledger, table: LakeTable) -> Curr
     crash_point("current.merged")
     applied_position = max(position.applied_position, batch.max_position or 0)
     last_ts = batch.last_ts or position.last_source_ts
+    truncated_at = newest_truncate(position.truncated_at, batch.truncate)
     ledger.record_current(
-        table.key, CurrentPosition(committed.generation, coverage.frontier, applied_position, last_ts, rows)
+        table.key,
+        CurrentPosition(
+            committed.generation, coverage.frontier, applied_position, last_ts, rows, truncated_at=truncated_at
+        ),
     )
     dropped: int | None = None
     sample: list[str] = []
@@ -198,6 +209,7 @@ def apply_current(spark: SparkSession, ledger: Ledger, table: LakeTable) -> Curr
         committed.generation, rebuilt, batch.applied, rows, coverage.frontier, applied_position,
         last_ts, round(time.monotonic() - started, 3),
         [h.describe() for h in coverage.holes], history if table.config.history else None, dropped, sample,
+        truncated_at,
     )  # fmt: skip
 
 
@@ -212,8 +224,9 @@ def apply_decoded(
     started = time.monotonic()
     schema = TableSchema.from_json(committed.schema_json)
     batch, history = merge_changes(
-        spark, table, schema, changes, summary, position.applied_position, position.rows, arrow=arrow
-    )
+        spark, table, schema, changes, summary, position.applied_position, position.rows, arrow=arrow,
+        truncated_at=position.truncated_at,
+    )  # fmt: skip
     crash_point("current.merged")
     if batch.rows_delta is None:  # a truncate deleted rows outside the MERGE's metrics
         rows = spark.read.format("delta").load(table.current_path).count()
@@ -221,11 +234,15 @@ def apply_decoded(
         rows = position.rows + batch.rows_delta
     applied_position = max(position.applied_position, batch.max_position or 0)
     last_ts = batch.last_ts or position.last_source_ts
-    position_now = CurrentPosition(committed.generation, dict(frontier), applied_position, last_ts, rows)
+    truncated_at = newest_truncate(position.truncated_at, batch.truncate)
+    position_now = CurrentPosition(
+        committed.generation, dict(frontier), applied_position, last_ts, rows, truncated_at=truncated_at
+    )
     ledger.record_current(table.key, position_now)
     return CurrentResult(
         committed.generation, False, batch.applied, rows, dict(frontier), applied_position, last_ts,
         round(time.monotonic() - started, 3), [], history if table.config.history else None,
+        truncated_at=truncated_at,
     )  # fmt: skip
 
 
@@ -240,7 +257,7 @@ def streamed_position(ledger: Ledger, table: LakeTable) -> CurrentResult:
         )
     return CurrentResult(
         position.generation, False, 0, position.rows, dict(position.frontier), position.applied_position,
-        position.last_source_ts, 0.0,
+        position.last_source_ts, 0.0, truncated_at=position.truncated_at,
     )  # fmt: skip
 
 
@@ -341,7 +358,10 @@ def _apply_windows(
         return _Batch(), HistoryResult(0, 0)
     batch = _changes(spark, table, touched, position.frontier, frontier).cache()
     try:
-        return merge_changes(spark, table, schema, batch, None, position.applied_position, position.rows)
+        return merge_changes(
+            spark, table, schema, batch, None, position.applied_position, position.rows,
+            truncated_at=position.truncated_at,
+        )  # fmt: skip
     finally:
         batch.unpersist()
 
@@ -349,11 +369,14 @@ def _apply_windows(
 def merge_changes(
     spark: SparkSession, table: LakeTable, schema: TableSchema, changes: DataFrame, summary: BatchSummary | None = None,
     applied_position: int | None = None, current_rows: int | None = None, *, arrow: pa.Table | None = None,
+    truncated_at: tuple[int, int] | None = None,
 ) -> tuple[_Batch, HistoryResult]:  # fmt: skip
     """Merge change events (changelog columns, ``op`` set) into current and history.
     ``summary``: the batch's statistics when the caller already has them (one pass fewer);
     ``applied_position``, ``current_rows``: the newest position current has applied and
-    the rows it holds, when known; ``arrow``: the events in the driver, when it holds them."""
+    the rows it holds, when known; ``arrow``: the events in the driver, when it holds them;
+    ``truncated_at``: the newest truncate current has applied (``CurrentPosition``). The
+    result's ``truncate`` is the batch's own newest."""
     keys = list(schema.key)
     summary = summary or summarize(changes)
     if summary.changes == 0:
@@ -363,8 +386,14 @@ def merge_changes(
         _evolve(spark, table.history_path, changes)
     guard = not summary.newer_than(applied_position)
     columns = [c for c in current_columns if c not in POSITION_COLUMNS]
+    into_current = changes
+    if guard and truncated_at is not None:
+        # a re-sent event older than a truncate current applied: the truncate removed its row
+        # (history's own positions already drop it)
+        into_current = changes.where(_after(truncated_at))
     if not table.config.history:
-        merged = _merge(spark, table, changes, keys, columns, summary, guard, current_rows, arrow=arrow)
+        merged = _merge(spark, table, into_current, keys, columns, summary, guard, current_rows, arrow=arrow)
+        merged.truncate = summary.truncate
         return merged, HistoryResult(0, 0)
     # History and current are independent tables: their MERGEs run at once, so a batch of a
     # table with history costs less than the two one after the other (8.9 -> 7.8 s for 20
@@ -374,7 +403,8 @@ def merge_changes(
         history = pool.submit(
             apply_history, spark, table.history_path, changes, keys, columns, summary.truncate is not None
         )
-        result = _merge(spark, table, changes, keys, columns, summary, guard, current_rows, arrow=arrow)
+        result = _merge(spark, table, into_current, keys, columns, summary, guard, current_rows, arrow=arrow)
+    result.truncate = summary.truncate
     return result, history.result()
 
 
@@ -534,6 +564,14 @@ def _latest_for_driver(
     if guard:
         by_spark = _not_deleted_later(spark, table, by_spark, keys)
     return collected_latest(by_spark, keys, columns)
+
+
+def _after(position: tuple[int, int]) -> Column:
+    """Events after ``position`` (commit LSN, LSN)."""
+    from pyspark.sql import functions as F
+
+    commit, lsn = position
+    return (F.col("commit_lsn") > commit) | ((F.col("commit_lsn") == commit) & (F.col("lsn") > lsn))
 
 
 def _truncate(target: Any, batch: DataFrame, t_commit: int, t_lsn: int) -> DataFrame:

@@ -85,6 +85,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         [
             ("table", pa.string()), ("generation", pa.string()), ("frontier", pa.string()),
             ("applied_position", pa.int64()), ("last_source_ts", _TS), ("rows", pa.int64()), ("updated_at", _TS),
+            ("truncate_commit", pa.int64()), ("truncate_lsn", pa.int64()),  # added 2026-12-05
         ]
     ),
     "schemas": pa.schema(
@@ -380,9 +381,10 @@ class Ledger:
 
         for attempt in range(COMMIT_ATTEMPTS):
             try:
-                deltalake.write_deltalake(
-                    self._path(name), data, mode="append", storage_options=self.storage_options or None
-                )
+                deltalake.write_deltalake(  # merge: a ledger written before a column was added gains it
+                    self._path(name), data, mode="append", schema_mode="merge",
+                    storage_options=self.storage_options or None,
+                )  # fmt: skip
                 break
             except CommitFailedError as exc:
                 # another writer committed first (two creating the table at once, or a
@@ -411,7 +413,13 @@ class Ledger:
 
 
 def _read(delta: Any, schema: pa.Schema) -> pa.Table:
-    return read_columns(delta, schema.names).cast(schema)
+    """Every row in ``schema``; a column a ledger written before it was added reads as NULL."""
+    present = {f.name for f in delta.schema().fields}
+    data = read_columns(delta, [n for n in schema.names if n in present])
+    for name in schema.names:
+        if name not in present:
+            data = data.append_column(name, pa.nulls(data.num_rows, schema.field(name).type))
+    return data.select(schema.names).cast(schema)
 
 
 def _generation_row(event: GenerationEvent) -> dict[str, Any]:
@@ -463,6 +471,8 @@ def _current_row(table: str, position: CurrentPosition) -> dict[str, Any]:
         "frontier": json.dumps({str(p): o for p, o in sorted(position.frontier.items())}),
         "applied_position": position.applied_position, "last_source_ts": position.last_source_ts,
         "rows": position.rows, "updated_at": position.updated_at,
+        "truncate_commit": position.truncated_at[0] if position.truncated_at else None,
+        "truncate_lsn": position.truncated_at[1] if position.truncated_at else None,
     }  # fmt: skip
 
 
@@ -474,4 +484,5 @@ def _current_position(row: dict[str, Any]) -> CurrentPosition:
         last_source_ts=row["last_source_ts"],
         rows=int(row["rows"] or 0),
         updated_at=row["updated_at"],
+        truncated_at=(row["truncate_commit"], row["truncate_lsn"]) if row["truncate_commit"] is not None else None,
     )

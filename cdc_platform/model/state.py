@@ -17,6 +17,10 @@ class CurrentPosition:
     last_source_ts: datetime | None = None  # commit time of the newest change applied
     rows: int = 0
     updated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    # the newest truncate applied since the generation, (commit position, LSN): an event at
+    # or before it is older than the truncate, which removed its row, so a re-sent one must
+    # not bring the row back (a delete is remembered per key; a truncate, of every key, here)
+    truncated_at: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -8,17 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
+TRUNCATE_RATE = 0.04
 Event = tuple[str, int, int, int]  # (op, id, v, commit position): spark/synthetic.StreamedTable's
 
 
 def source_history(rng: Any, generation: dict[int, int], changes: int) -> list[tuple[Event, bool]]:
     """What the source did after the generation's watermark (50), in commit order: inserts of
     absent keys, updates (a third of them not carrying ``v``, an unchanged TOASTed value)
-    and deletes of present ones, re-inserts of deleted ones. (event, TOASTed) each."""
+    and deletes of present ones, re-inserts of deleted ones, now and then a truncate.
+    (event, TOASTed) each."""
     rows, history = dict(generation), []
     for position in range(51, 51 + changes):
         key = rng.randrange(1, 16)
-        if key not in rows:
+        if rng.random() < TRUNCATE_RATE:
+            rows.clear()
+            history.append((("t", 0, 0, position), False))
+        elif key not in rows:
             rows[key] = position
             history.append((("c", key, position, position), False))
         elif rng.random() < 0.25:
@@ -49,23 +54,29 @@ def delivered(rng: Any, history: list[tuple[Event, bool]]) -> list[list[int]]:
 
 
 def stale_resends(history: list[tuple[Event, bool]], batches: list[list[int]]) -> set[str]:
-    """The ops of events re-sent after a later change of their key was delivered: a replay
-    that must not move the row back (an update), bring it back (an insert after its delete)
-    or delete it again (a delete after a re-insert)."""
-    ops, delivered = set(), []
+    """The replays the delivery holds: an event's op when it was re-sent after a later change
+    of its key was delivered (an update must not move the row back, an insert must not
+    bring it back after its delete, a delete must not remove a re-insert), and ``after t``
+    when an insert or update was re-sent after a later truncate was delivered."""
+    kinds, delivered = set(), []
     for i in (i for batch in batches for i in batch):
         (op, key, _, _), _ = history[i]
-        if any(j > i and history[j][0][1] == key for j in delivered):
-            ops.add(op)
+        later = [history[j][0] for j in delivered if j > i]
+        if any(event[1] == key and event[0] != "t" for event in later):
+            kinds.add(op)
+        if op in ("c", "u") and any(event[0] == "t" for event in later):
+            kinds.add("after t")
         delivered.append(i)
-    return ops
+    return kinds
 
 
 def rows_after(generation: dict[int, int], history: list[tuple[Event, bool]], applied: int) -> dict[int, int]:
     """The source's rows once its first ``applied`` changes committed: what current must hold."""
     rows = dict(generation)
     for (op, key, value, _), toasted in history[:applied]:
-        if op == "d":
+        if op == "t":
+            rows.clear()
+        elif op == "d":
             rows.pop(key)
         elif not toasted:
             rows[key] = value
@@ -80,10 +91,14 @@ def batch_events(history: list[tuple[Event, bool]], batch: list[int]) -> tuple[l
 def versions_after(history: list[tuple[Event, bool]], applied: int) -> list[tuple[int, int, str, int, int | None]]:
     """SCD2 versions of the first ``applied`` changes, from an empty history: (id, v, op,
     opening position, closing position or None while open), sorted. Each insert or update
-    opens one and closes the key's open one; a delete closes it; an update not carrying
-    ``v`` keeps the previous version's."""
+    opens one and closes the key's open one; a delete closes it, a truncate every one; an
+    update not carrying ``v`` keeps the previous version's."""
     closed, open_versions = [], {}
     for (op, key, value, position), toasted in history[:applied]:
+        if op == "t":  # closes every open version
+            closed += [(k, v, o, start, position) for k, (v, o, start) in open_versions.items()]
+            open_versions.clear()
+            continue
         previous = open_versions.pop(key, None)
         if previous is not None:
             closed.append((key, previous[0], previous[1], previous[2], position))

@@ -80,13 +80,14 @@ class StreamedTable:
         return sorted((r["id"], r["v"]) for r in rows)
 
     def events(self, events: list[tuple[str, int, int, int]], toasted: frozenset[int] = frozenset()) -> Any:
-        """(op, id, v, commit position) as changelog rows, at the next Kafka offsets. The
-        events at the indexes in ``toasted`` do not carry ``v`` (an unchanged TOASTed value:
+        """(op, id, v, commit position) as changelog rows, at the next Kafka offsets (a
+        truncate, ``t``, has no image: its id and v are ignored). The events at the indexes in
+        ``toasted`` do not carry ``v`` (an unchanged TOASTed value:
         NULL in the image, listed as unavailable)."""
         rows = []
         for i, (op, key, value, commit) in enumerate(events):
             image = {"id": key, "v": None if i in toasted else value}
-            before, after = (image, None) if op == "d" else (None, image)
+            before, after = {"d": (image, None), "t": (None, None)}.get(op, (None, image))
             rows.append((0, self.offset, op, commit, commit, before, after, ["v"] if i in toasted else []))
             self.offset += 1
         return self.spark.createDataFrame(

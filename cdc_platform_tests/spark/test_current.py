@@ -42,13 +42,18 @@ def merge_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     return str(request.param)
 
 
-def assert_merged_by(path: str, merge_path: str) -> None:
-    """Every MERGE into ``path`` was written by the path the test asked for (no fallback)."""
+def assert_merged_by(path: str, merge_path: str, *, truncates: bool = False) -> None:
+    """Every MERGE into ``path`` was written by the path the test asked for (no fallback).
+    ``truncates``: batches holding a truncate are Spark's on every path, so a driver path
+    need only have merged some."""
     from deltalake import DeltaTable
 
     merges = [c for c in DeltaTable(path).history() if c.get("operation") == "MERGE"]
     by_delta_rs = [str(c.get("clientVersion", "")).startswith("delta-rs") for c in merges]
-    assert merges and all(d is (merge_path != "spark") for d in by_delta_rs), merges
+    if truncates and merge_path != "spark":
+        assert any(by_delta_rs), merges
+    else:
+        assert merges and all(d is (merge_path != "spark") for d in by_delta_rs), merges
 
 
 def test_current_equals_source_after_a_mixed_workload(env: CaptureEnv, spark: Any) -> None:
@@ -283,30 +288,32 @@ def test_current_follows_the_source_through_any_redelivery_and_any_batching(
     spark: Any, tmp_path: Path, merge_path: str
 ) -> None:
     """Model-based: a random history of inserts, updates (some not carrying a TOASTed
-    value), deletes and re-inserts, delivered at least once (restarts re-send from earlier
-    points) and cut into batches anywhere. After every batch current holds exactly the
-    source's rows as of the newest change delivered so far: nothing re-sent moves a row
-    back or brings a deleted one back, no TOASTed value is lost, on every merge path."""
+    value), deletes, re-inserts and truncates, delivered at least once (restarts re-send
+    from earlier points) and cut into batches anywhere. After every batch current holds
+    exactly the source's rows as of the newest change delivered so far: nothing re-sent
+    moves a row back or brings a deleted or truncated one back, no TOASTed value is lost,
+    on every merge path. (An insert re-sent after its truncate was applied came back until
+    the re-sent truncate removed it again: current remembered deletes per key, not truncates.)"""
     import random
 
     from cdc_platform.lake import current
     from cdc_platform_tests.cases.redelivery import batch_events, delivered, rows_after, source_history, stale_resends
     from cdc_platform_tests.spark.synthetic import StreamedTable
 
-    rng = random.Random(4)
+    rng = random.Random(3)
     generation = {k: k for k in range(1, 11)}
     table = StreamedTable(spark, tmp_path, rows=sorted(generation.items()))
     current.apply_current(spark, table.ledger, table.table)
     history = source_history(rng, generation, changes=70)
     batches = delivered(rng, history)
-    assert stale_resends(history, batches) >= {"c", "u", "d"}  # the cases under test all occur
+    assert stale_resends(history, batches) >= {"c", "u", "d", "after t"}  # the cases under test all occur
     newest = 0
     for batch in batches:
         events, toasted = batch_events(history, batch)
         newest = max(newest, *(i + 1 for i in batch))
         assert dict(table.apply(events, toasted)) == rows_after(generation, history, newest), (batch, newest)
     assert newest == len(history)
-    assert_merged_by(table.table.current_path, merge_path)
+    assert_merged_by(table.table.current_path, merge_path, truncates=True)
 
 
 @pytest.mark.parametrize("refusal", ["features", "error"], ids=["a Delta feature delta-rs does not write", "an error"])

@@ -81,6 +81,25 @@ def test_current_position_newest_wins(tmp_path: Path) -> None:
     )
 
 
+def test_a_ledger_written_before_a_column_was_added_reads_and_gains_it(tmp_path: Path) -> None:
+    """Existing lakes: a ``current`` table without ``truncate_commit``/``truncate_lsn`` (added
+    2026-12-05) reads them as NULL (no truncate remembered), and the next record adds them."""
+    import deltalake
+    import pyarrow as pa
+
+    ledger = Ledger(str(tmp_path / "lake"))
+    before = pa.schema([f for f in ledger_module.SCHEMAS["current"] if not f.name.startswith("truncate_")])
+    old_row = {"table": "t", "generation": "g1", "frontier": '{"0": 5}', "applied_position": 7,
+               "last_source_ts": None, "rows": 3, "updated_at": datetime(2026, 1, 1, tzinfo=UTC)}  # fmt: skip
+    deltalake.write_deltalake(ledger._path("current"), pa.Table.from_pylist([old_row], schema=before))
+    position = ledger.current("t")
+    assert position is not None and (position.frontier, position.truncated_at) == ({0: 5}, None)
+    ledger.record_current("t", CurrentPosition("g1", {0: 9}, 10, None, 4, truncated_at=(10, 11)))
+    assert ledger.current("t") == ledger.read().current["t"]
+    assert ledger.current("t").truncated_at == (10, 11)  # type: ignore[union-attr]
+    assert len(ledger._rows("current")) == 2
+
+
 def test_schema_history_and_the_schema_the_lake_decodes_with(tmp_path: Path) -> None:
     ledger = Ledger(str(tmp_path))
     int4, text = builtin_type(23), builtin_type(25)
