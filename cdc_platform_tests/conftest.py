@@ -192,6 +192,21 @@ DEMO_TABLES = """
 """
 
 
+@contextmanager
+def _started_on_demand(service: Any, error: type[Exception], what: str) -> Iterator[None]:
+    """``service`` up for the session (a loud failure naming ``what`` if it cannot start),
+    and down afterwards if this session started it."""
+    try:
+        started = service.up()
+    except error as exc:
+        pytest.fail(f"{what} could not start: {exc}", pytrace=False)
+    try:
+        yield
+    finally:
+        if started:
+            service.down()
+
+
 @pytest.fixture(scope="session")
 def connect(stack: StackProfile) -> Iterator[Any]:
     """Kafka Connect with the Debezium PostgreSQL connector on the test stack (started on
@@ -199,15 +214,8 @@ def connect(stack: StackProfile) -> Iterator[Any]:
     from cdc_platform.devtools.stack.connect import ConnectError, LocalConnect
 
     worker = LocalConnect(stack)
-    try:
-        started = worker.up()
-    except ConnectError as exc:
-        pytest.fail(f"Kafka Connect could not start: {exc}", pytrace=False)
-    try:
+    with _started_on_demand(worker, ConnectError, "Kafka Connect"):
         yield worker.rest
-    finally:
-        if started:
-            worker.down()
 
 
 @pytest.fixture(scope="session")
@@ -218,15 +226,8 @@ def spark_cluster(stack: StackProfile) -> Iterator[Any]:
     from cdc_platform.devtools.stack.spark_cluster import LocalSparkCluster, SparkClusterError
 
     cluster = LocalSparkCluster(stack)
-    try:
-        started = cluster.up()
-    except SparkClusterError as exc:
-        pytest.fail(f"the Spark cluster could not start: {exc}", pytrace=False)
-    try:
+    with _started_on_demand(cluster, SparkClusterError, "the Spark cluster"):
         yield cluster
-    finally:
-        if started:
-            cluster.down()
 
 
 @pytest.fixture
