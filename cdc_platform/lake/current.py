@@ -54,7 +54,7 @@ from cdc_platform.lake.driver_merge import (
     merge_in_driver,
     merges_in_driver,
 )
-from cdc_platform.lake.history import HistoryResult, apply_history, ensure_history_table, snapshot_events
+from cdc_platform.lake.history import HistoryResult, apply_history, ensure_history_table, events_after, snapshot_events
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.tables import LakeTable, table_options
 from cdc_platform.model.coverage import walk
@@ -66,7 +66,7 @@ from cdc_platform.model.windows import WindowRange, changelog_partition
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 POSITION_COLUMNS = ("_cdc_commit_lsn", "_cdc_lsn")
 # the commit position of snapshot rows (their _cdc_lsn is the watermark LSN): below every
@@ -390,7 +390,7 @@ def merge_changes(
     if guard and truncated_at is not None:
         # a re-sent event older than a truncate current applied: the truncate removed its row
         # (history's own positions already drop it)
-        into_current = changes.where(_after(truncated_at))
+        into_current = changes.where(events_after(truncated_at))
     if not table.config.history:
         merged = _merge(spark, table, into_current, keys, columns, summary, guard, current_rows, arrow=arrow)
         merged.truncate = summary.truncate
@@ -566,14 +566,6 @@ def _latest_for_driver(
     return collected_latest(by_spark, keys, columns)
 
 
-def _after(position: tuple[int, int]) -> Column:
-    """Events after ``position`` (commit LSN, LSN)."""
-    from pyspark.sql import functions as F
-
-    commit, lsn = position
-    return (F.col("commit_lsn") > commit) | ((F.col("commit_lsn") == commit) & (F.col("lsn") > lsn))
-
-
 def _truncate(target: Any, batch: DataFrame, t_commit: int, t_lsn: int) -> DataFrame:
     """Rows older than the truncate go (snapshot rows: when the truncate's LSN is after the
     watermark LSN they carry); only the batch's later events still apply."""
@@ -583,7 +575,7 @@ def _truncate(target: Any, batch: DataFrame, t_commit: int, t_lsn: int) -> DataF
     snapshot_row = commit == SNAPSHOT_COMMIT
     streamed_older = (commit < t_commit) | ((commit == t_commit) & (lsn < t_lsn))
     target.delete((snapshot_row & (lsn < t_lsn)) | (~snapshot_row & streamed_older))
-    return batch.where((F.col("commit_lsn") > t_commit) | ((F.col("commit_lsn") == t_commit) & (F.col("lsn") > t_lsn)))
+    return batch.where(events_after((t_commit, t_lsn)))
 
 
 def _latest_per_key(batch: DataFrame, keys: list[str], columns: list[str]) -> DataFrame:

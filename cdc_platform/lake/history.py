@@ -152,9 +152,9 @@ def apply_history(
         for t in [*truncates_in_order, None]:
             segment = events.where(F.col("op") != "t")
             if lower is not None:
-                segment = segment.where(_after(lower))
+                segment = segment.where(events_after(lower))
             if t is not None:
-                segment = segment.where(~_after((t["commit_lsn"], t["lsn"])))
+                segment = segment.where(~events_after((t["commit_lsn"], t["lsn"])))
             o, c = _apply_segment(spark, path, segment, keys, columns)
             opened, closed = opened + o, closed + c
             if t is not None:
@@ -165,7 +165,8 @@ def apply_history(
         events.unpersist()
 
 
-def _after(position: tuple[int, int]) -> Column:
+def events_after(position: tuple[int, int]) -> Column:
+    """Change events (changelog columns) after ``position`` (commit LSN, LSN)."""
     from pyspark.sql import functions as F
 
     commit, lsn = position
