@@ -346,9 +346,21 @@ class StreamApply:
             generation = committed.get(table.key)
             if self.health[table.key].ready(generation.generation if generation else None, time.monotonic()):
                 ready.append((table, generation))
-        watermarks = self.kafka.watermarks_of([t.topic for t, _ in ready]) if ready else {}
+        watermarks = self._watermarks_of([t for t, _ in ready])
         results = self.pool.map(lambda item: self._apply_kept(item[0], item[1], watermarks.get(item[0].topic)), ready)
         return [a for a in results if a is not None]
+
+    def _watermarks_of(self, tables: Sequence[LakeTable]) -> dict[str, dict[int, tuple[int, int]]]:
+        """Every table's Kafka watermarks in one question (with 200 tables, one per table
+        per pass kept the pool's threads waiting on Kafka). If it fails, each table asks on
+        its own, and a failure stays that table's (retried with its backoff)."""
+        if not tables:
+            return {}
+        try:
+            return self.kafka.watermarks_of([t.topic for t in tables])
+        except CdcError as exc:
+            log.warning("the Kafka watermarks of %d table(s) failed, each asks on its own: %s", len(tables), exc)
+            return {}
 
     def _apply_kept(
         self, table: LakeTable, committed: Generation | None, watermarks: dict[int, tuple[int, int]] | None
@@ -426,13 +438,15 @@ class StreamApply:
                 for t in self.tables
                 if t.key not in busy
             }
-            for table in self.tables:
-                generation = committed.get(table.key)
-                if table.key in busy or due[table.key] > now:
-                    continue
-                if self.health[table.key].ready(generation.generation if generation else None, now):
-                    running[self.pool.submit(self._apply_kept, table, generation, None)] = table.key
-                    started[table.key] = now
+            ready = [
+                (table, committed.get(table.key))
+                for table in self.tables
+                if table.key not in busy and due[table.key] <= now and self._ready(table, committed.get(table.key), now)
+            ]
+            watermarks = self._watermarks_of([t for t, _ in ready])
+            for table, generation in ready:
+                running[self.pool.submit(self._apply_kept, table, generation, watermarks.get(table.topic))] = table.key
+                started[table.key] = now
             # wake for the next table that falls due, and at least once an interval
             wake = max(0.05, min([d for d in due.values() if d > now] + [now + interval]) - now)
             if not running:
@@ -442,6 +456,9 @@ class StreamApply:
             on_pass(self._completed(done, running, idle_until))
         wait(running)
         on_pass(self._completed(set(running), running, idle_until))
+
+    def _ready(self, table: LakeTable, committed: Generation | None, now: float) -> bool:
+        return self.health[table.key].ready(committed.generation if committed else None, now)
 
     def _completed(
         self, done: set[Future[TableApplied | None]], running: dict[Future[TableApplied | None], str],

@@ -202,7 +202,7 @@ def test_a_failed_check_starts_a_generation_only_for_what_a_generation_repairs(t
 
     from cdc_platform.config import load_config
     from cdc_platform.orchestration.keys import COMPLETENESS_CHECK, KEYS_CHECK, current_asset_key
-    from cdc_platform.orchestration.sensors.rehydration import failed_checks
+    from cdc_platform.orchestration.sensors.rehydration import failed_checks, latest_check_executions
 
     path = tmp_path / "c.yaml"
     path.write_text(
@@ -225,5 +225,5 @@ def test_a_failed_check_starts_a_generation_only_for_what_a_generation_repairs(t
             key = current_asset_key(table)
             failed = dg.AssetCheckEvaluation(asset_key=key, check_name=check, passed=False, metadata=metadata)
             instance.report_runless_asset_event(failed)
-            found = failed_checks(instance, table, T0)
+            found = failed_checks(latest_check_executions(instance, [table]), table, T0)
         assert [f.check for f in found] == ([check] if repaired else []), (check, metadata)

@@ -837,6 +837,62 @@ def test_a_tables_next_batch_waits_out_the_idle_pause_and_the_minimum_interval()
     assert next_batch_due(140.0, 100.0, 30.0) == 140.0
 
 
+class AskedKafka:
+    """Kafka's watermarks as a stream apply asks for them: each topic's own (partition 0 at
+    ``len(topic)``), every question recorded; ``down`` makes every question fail."""
+
+    def __init__(self) -> None:
+        self.questions: list[list[str]] = []
+        self.down = False
+
+    def watermarks_of(self, topics: list[str]) -> dict[str, dict[int, tuple[int, int]]]:
+        self.questions.append(list(topics))
+        if self.down:
+            raise RetriableError("Kafka at 127.0.0.1:9 did not answer (offsets): down")
+        return {t: {0: (0, len(t))} for t in topics}
+
+
+def test_tables_due_together_share_one_watermark_question_and_get_their_own_topics(tmp_path: Path) -> None:
+    """With hundreds of tables, one Kafka question per table per pass kept the pool's
+    threads waiting on Kafka (~70 ms each with a fresh client) while a busy table's batch
+    queued behind them; one question for every table due at that moment, each table given
+    its own topic's answer. If that question fails, each table asks on its own (None) and
+    its failure stays its own."""
+    import threading
+
+    from cdc_platform.lake.apply import StreamApply, TableApplied
+    from cdc_platform.lake.tables import lake_table
+
+    text = _config(tmp_path, "    apply: {engine: stream, trigger_interval_s: 0.2}")
+    text.write_text(text.read_text() + "".join(f"  - name: shop.public.idle_{i:02d}\n" for i in range(40)))
+    config = load_config(text)
+    tables = [lake_table(config, t) for t in config.tables]
+    given: list[tuple[str, Any]] = []
+
+    class Idle(StreamApply):
+        def apply_table(self, table: Any, committed: Any, watermarks: Any) -> TableApplied | None:
+            given.append((table.topic, watermarks))
+            return None  # nothing new
+
+    kafka = AskedKafka()
+    for down in (False, True):
+        given.clear()
+        kafka.questions.clear()
+        kafka.down = down
+        stop = threading.Event()
+        engine = Idle(None, Ledger(str(tmp_path / "lake")), kafka, tables, config.sources["shop"].apply)  # type: ignore[arg-type]
+        with engine:
+            threading.Timer(0.5, stop.set).start()
+            engine.run_forever(stop)
+        assert {topic for topic, _ in given} == {t.topic for t in tables}
+        assert kafka.questions[0] == [t.topic for t in tables]  # the first pass: every table in one question
+        assert len(kafka.questions) < len(given) / 10, (len(kafka.questions), len(given))
+        if down:
+            assert all(marks is None for _, marks in given)  # each asks on its own
+        else:
+            assert all(marks == {0: (0, len(topic))} for topic, marks in given)
+
+
 def test_continuous_mode_starts_a_tables_batches_no_closer_than_min_batch_interval(tmp_path: Path) -> None:
     """``apply.min_batch_interval_s``: every table keeps its own spacing (Spark's
     processingTime trigger), a batch longer than the spacing is followed at once, and
@@ -864,7 +920,7 @@ def test_continuous_mode_starts_a_tables_batches_no_closer_than_min_batch_interv
         for batches in starts.values():
             batches.clear()
         stop = threading.Event()
-        engine = Timed(None, Ledger(str(tmp_path / "lake")), None, tables, settings)  # type: ignore[arg-type]
+        engine = Timed(None, Ledger(str(tmp_path / "lake")), AskedKafka(), tables, settings)  # type: ignore[arg-type]
         with engine:
             threading.Timer(seconds, stop.set).start()
             engine.run_forever(stop)
