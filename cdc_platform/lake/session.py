@@ -78,6 +78,11 @@ def prepare_spark_environment() -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
+# Delta tables whose log a driver keeps in memory: the changelog, current and history of the
+# ~20 tables a busy driver applies most recently
+DELTA_LOG_CACHE_SIZE = 64
+
+
 def session_conf(spark: SparkConfig) -> dict[str, str]:
     conf = {
         **jar_settings(spark),
@@ -95,6 +100,11 @@ def session_conf(spark: SparkConfig) -> dict[str, str]:
         # Delta rebuilds table state with this many tasks; 50 (its default) is all overhead locally
         "spark.databricks.delta.snapshotPartitions": "4",
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
+        # Delta keeps every table's log and snapshot it touched for an hour, up to 10 000 of
+        # them: ~2.6 MB each even for tiny tables, so a driver applying 200 tables (three Delta
+        # tables each) filled a 1 GB heap and collected garbage for good. A table evicted
+        # re-reads its log on its next batch (docs/benchmarks.md, "Many tables of one source")
+        "spark.databricks.delta.delta.log.cacheSize": str(DELTA_LOG_CACHE_SIZE),
         # Lake files every engine reads the same: timestamps as Parquet TIMESTAMP_MICROS (INT96
         # is deprecated, and delta-rs reads it as nanoseconds, wrapping instants outside
         # 1677-2262), and dates and timestamps proleptic Gregorian, never rebased through

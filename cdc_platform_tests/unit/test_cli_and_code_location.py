@@ -468,3 +468,16 @@ def test_the_demo_instance_reads_its_storage_password_from_the_stack_env(monkeyp
     monkeypatch.setenv(PASSWORD_ENVS[DAGSTER_ROLE], "x")
     config, _ = dagster_instance_config(str(REPO_ROOT))  # Dagster's own schema accepts it
     assert "postgres" in config["storage"]
+
+
+def test_a_driver_keeps_a_bounded_number_of_delta_logs_unless_the_config_says_otherwise() -> None:
+    """Delta keeps every table's log it touched for an hour (up to 10 000): a driver applying
+    200 tables filled its heap with them and collected garbage for good. Every session of
+    the platform bounds them; a user's own ``spark.conf`` wins."""
+    from cdc_platform.config.model import SparkConfig
+    from cdc_platform.lake.session import DELTA_LOG_CACHE_SIZE, long_running_conf
+
+    key = "spark.databricks.delta.delta.log.cacheSize"
+    assert session_conf(SparkConfig())[key] == long_running_conf(SparkConfig())[key] == str(DELTA_LOG_CACHE_SIZE)
+    assert 3 * 10 < DELTA_LOG_CACHE_SIZE < 1000  # the demo's ten tables' three Delta tables each stay cached
+    assert session_conf(SparkConfig(conf={key: "500"}))[key] == "500"
