@@ -90,52 +90,57 @@ class KafkaClients:
         return AdminClient(self.kafka.client_config())
 
     def _ask(self, purpose: str, question: Callable[[Consumer], T]) -> T:
-        """``question`` asked of a fresh consumer; asked again with backoff while a broker
-        answers that it is not (yet) the partition's leader, which a new topic's election or
-        a broker restart answers for a few seconds. Other broker trouble, or a leader that
-        does not come, is a ``RetriableError`` for the caller's own retry."""
-        delay = ASK_FIRST_BACKOFF_S
-        for attempt in range(1, ASK_ATTEMPTS + 1):
+        """``question`` asked of a fresh consumer, with ``_with_backoff``'s retries."""
+
+        def once() -> T:
             consumer = self.consumer(purpose)
             try:
                 return question(consumer)
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                code = error.code() if isinstance(error, KafkaError) else None
-                if code not in LEADERSHIP_MOVING or attempt == ASK_ATTEMPTS:
-                    raise RetriableError(
-                        f"Kafka at {self.kafka.bootstrap_servers} did not answer ({purpose}): {exc}"
-                    ) from None
             finally:
                 consumer.close()
-            time.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable: the last attempt returns or raises")
+
+        return self._with_backoff(purpose, once)
 
     def _ask_offsets(self, question: Callable[[AdminClient], T]) -> T:
-        """``question`` asked of the kept admin client, with ``_ask``'s backoff while a
-        leader moves. A client that failed otherwise is dropped: the next question starts
-        a fresh one."""
-        delay = ASK_FIRST_BACKOFF_S
-        for attempt in range(1, ASK_ATTEMPTS + 1):
+        """``question`` asked of the kept admin client, with ``_with_backoff``'s retries; a
+        client that failed is dropped (the next question starts a fresh one), and a topic
+        the platform may not describe is fatal."""
+
+        def once() -> T:
             try:
                 return question(self._offsets_client())
             except KafkaException as exc:
-                code = _code(exc)
-                if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                if _code(exc) == KafkaError.TOPIC_AUTHORIZATION_FAILED:
                     raise FatalError(
                         f"not authorized to describe a Kafka topic at {self.kafka.bootstrap_servers} ({exc}); "
                         "grant the platform's principal DESCRIBE and READ on its topics"
                     ) from None
-                if code not in LEADERSHIP_MOVING or attempt == ASK_ATTEMPTS:
-                    with self._offsets_lock:
-                        self._offsets_admin = None
+                raise
+
+        return self._with_backoff("offsets", once, self._drop_offsets_client)
+
+    def _with_backoff(self, purpose: str, once: Callable[[], T], given_up: Callable[[], None] = lambda: None) -> T:
+        """``once`` again with backoff while a broker answers that it is not (yet) the
+        partition's leader, which a new topic's election or a broker restart answers for a
+        few seconds. Other broker trouble, or a leader that does not come, is a
+        ``RetriableError`` for the caller's own retry (after ``given_up``)."""
+        delay = ASK_FIRST_BACKOFF_S
+        for attempt in range(1, ASK_ATTEMPTS + 1):
+            try:
+                return once()
+            except KafkaException as exc:
+                if _code(exc) not in LEADERSHIP_MOVING or attempt == ASK_ATTEMPTS:
+                    given_up()
                     raise RetriableError(
-                        f"Kafka at {self.kafka.bootstrap_servers} did not answer (offsets): {exc}"
+                        f"Kafka at {self.kafka.bootstrap_servers} did not answer ({purpose}): {exc}"
                     ) from None
             time.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _drop_offsets_client(self) -> None:
+        with self._offsets_lock:
+            self._offsets_admin = None
 
     def _offsets_client(self) -> AdminClient:
         with self._offsets_lock:

@@ -341,11 +341,8 @@ class StreamApply:
             self.lease.acquire()
         self.lease.heartbeat()
         committed = self.ledger.committed_all()
-        ready = []
-        for table in self.tables:
-            generation = committed.get(table.key)
-            if self.health[table.key].ready(generation.generation if generation else None, time.monotonic()):
-                ready.append((table, generation))
+        now = time.monotonic()
+        ready = [(t, committed.get(t.key)) for t in self.tables if self._ready(t, committed.get(t.key), now)]
         watermarks = self._watermarks_of([t for t, _ in ready])
         results = self.pool.map(lambda item: self._apply_kept(item[0], item[1], watermarks.get(item[0].topic)), ready)
         return [a for a in results if a is not None]
