@@ -339,5 +339,15 @@ def worker_consumer(options: Mapping[str, str]) -> Consumer:
     settings: dict[str, Any] = json.loads(options["client_config"])
     for key, env_var in json.loads(options.get("secret_options_env", "{}")).items():
         settings[key] = os.environ[env_var]
-    settings.update({"group.id": CHANGELOG_GROUP_ID, "enable.auto.commit": False, "auto.offset.reset": "error"})
+    # partition EOF: a range that ends in transaction markers or aborted records (a
+    # transactional producer's) has no record at its last offset; the end of the partition
+    # (its last stable offset, read committed) says the range is read
+    settings.update(
+        {
+            "group.id": CHANGELOG_GROUP_ID,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "error",
+            "enable.partition.eof": True,
+        }
+    )
     return Consumer(settings)

@@ -100,6 +100,9 @@ def kafka_source_options(bootstrap_servers: str, topic: str, spans: list[tuple[i
         # the Python reader, skip them); offsets retention deleted are found after the read,
         # from the topic's earliest offsets (changelog._ensure_nothing_deleted)
         "failOnDataLoss": "false",
+        # committed records only, as every other reader of the platform (librdkafka's default;
+        # Java's client reads uncommitted, aborted transactions' records included)
+        "kafka.isolation.level": "read_committed",
         "includeHeaders": "false",
         "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
         # long ranges cut into several tasks, so every core decodes (as the Python reader does)

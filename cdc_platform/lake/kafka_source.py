@@ -152,16 +152,28 @@ def consume_range(options: dict[str, str], topic: str, part: KafkaRange) -> Iter
                     f"(range ends at {part.end}); was it deleted by retention?"
                 )
             for msg in messages:
+                offset = msg.offset()
+                assert offset is not None  # set on every consumed record and partition end
+                if _ends_partition(msg):
+                    if offset >= part.end:  # the range's last offsets hold no record to read
+                        return
+                    continue
                 if msg.error():
                     raise RuntimeError(f"{topic}[{part.partition}]: {msg.error()}")
-                offset = msg.offset()
-                assert offset is not None  # set on every consumed record
                 if offset >= part.end:
                     return
                 next_offset = offset + 1
                 yield part.partition, offset, msg.timestamp(), msg.key(), msg.value()
     finally:
         consumer.close()
+
+
+def _ends_partition(msg: Any) -> bool:
+    """Whether a consumed message is the partition's end (``enable.partition.eof``)."""
+    from confluent_kafka import KafkaError
+
+    error = msg.error()
+    return error is not None and error.code() == KafkaError._PARTITION_EOF
 
 
 def arrow_batch(pa: Any, schema: Any, records: list[tuple[tuple[Any, ...], Any, Any]]) -> Any:

@@ -5,6 +5,7 @@ same records confluent-kafka reads — partition, offset, key, value and timesta
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any
 
@@ -103,3 +104,47 @@ def test_a_topics_change_events_decode_the_same_through_spark_sql_as_through_pyt
     assert in_jvm.count() == in_python.count() == len(records)
     assert in_jvm.exceptAll(in_python).count() == in_python.exceptAll(in_jvm).count() == 0
     assert in_python.where("error IS NULL AND op = 'c'").count() >= 10
+
+
+def test_records_of_an_aborted_transaction_are_read_by_neither_decoder(stack: StackProfile, spark: Any) -> None:
+    """A transactional producer (Kafka Connect's exactly-once source support, a Debezium
+    connector on it) leaves aborted records in the log. A consumer reading committed data
+    never sees them; Spark's Java client reads uncommitted unless told, and would apply
+    changes the source never made. Both decoders read the committed records only."""
+    from cdc_platform.config.model import KafkaConfig, TableConfig
+    from cdc_platform.envelope.encoding import ValueEncoding
+    from cdc_platform.kafka.clients import KafkaClients
+    from cdc_platform.lake.changelog import read_offsets
+    from cdc_platform.lake.tables import LakeTable
+    from cdc_platform_tests.cases.envelopes import SCHEMA, platform_records
+
+    topic = f"aborted-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+    for future in admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)]).values():
+        future.result(30)
+    records = platform_records()
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "transactional.id": f"t-{topic}"})
+    producer.init_transactions(30)
+    for commit in (True, False, True):
+        producer.begin_transaction()
+        for i, (key, value) in enumerate(records):
+            producer.produce(topic, key=key, value=value, partition=i % 2)
+        producer.flush(30)  # in the log before the abort: the aborted records are there to be read
+        producer.commit_transaction(30) if commit else producer.abort_transaction(30)
+    kafka = KafkaClients(KafkaConfig(bootstrap_servers=stack.kafka_bootstrap))
+    # every record and a marker per partition per transaction; a commit returns before its
+    # markers are written, and until then the last transaction is not yet readable
+    every_offset, deadline = 3 * len(records) + 3 * 2, time.monotonic() + 30
+    while sum((ends := kafka.end_offsets(topic)).values()) < every_offset and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sum(ends.values()) == every_offset
+    spans = [(p, 0, end) for p, end in ends.items()]
+
+    def decoded(decoder: str) -> Any:
+        table = LakeTable(TableConfig(name="shop.public.things"), "/unused", topic, ValueEncoding(), decoder=decoder)
+        return read_offsets(spark, kafka, table, spans, SCHEMA)
+
+    in_jvm, in_python = decoded("jvm"), decoded("python")
+    assert in_python.count() == 2 * len(records)
+    assert in_jvm.count() == 2 * len(records)
+    assert in_jvm.exceptAll(in_python).count() == in_python.exceptAll(in_jvm).count() == 0
