@@ -20,7 +20,8 @@ runtime does not survive the workers' fork).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -47,7 +48,10 @@ SOURCE_NAME = "cdc_kafka_range"
 CONSUME_BATCH = 1000
 ARROW_BATCH_ROWS = 4096
 OFFSETS_PER_TASK = 20_000
-CONSUME_TIMEOUT_S = 10.0
+# one consume call's wait: librdkafka returns a batch when it is full or this has passed, and
+# a range whose last offsets hold no record (transaction markers) never fills its batch
+CONSUME_WAIT_S = 0.2
+CONSUME_TIMEOUT_S = 10.0  # no record for this long: the range's records are gone
 
 
 def change_schema(row_type: StructType) -> StructType:
@@ -138,34 +142,44 @@ class KafkaRangeReader(DataSourceReader):
 
 def consume_range(options: dict[str, str], topic: str, part: KafkaRange) -> Iterator[tuple[int, int, Any, Any, Any]]:
     """(partition, offset, timestamp, key, value) of every record in ``[start, end)``."""
-    from confluent_kafka import TopicPartition
-
     consumer = worker_consumer(options)
     try:
-        consumer.assign([TopicPartition(topic, part.partition, part.start)])
-        next_offset = part.start
-        while next_offset < part.end:
-            messages = consumer.consume(min(CONSUME_BATCH, part.end - next_offset), timeout=CONSUME_TIMEOUT_S)
-            if not messages:
+        yield from records_in_range(consumer, topic, part)
+    finally:
+        consumer.close()
+
+
+def records_in_range(
+    consumer: Any, topic: str, part: KafkaRange, clock: Callable[[], float] = time.monotonic
+) -> Iterator[tuple[int, int, Any, Any, Any]]:
+    """The records of ``[start, end)`` read by an open consumer (``worker_consumer``)."""
+    from confluent_kafka import TopicPartition
+
+    consumer.assign([TopicPartition(topic, part.partition, part.start)])
+    next_offset, last_progress = part.start, clock()
+    while next_offset < part.end:
+        messages = consumer.consume(min(CONSUME_BATCH, part.end - next_offset), timeout=CONSUME_WAIT_S)
+        if not messages:
+            if clock() - last_progress >= CONSUME_TIMEOUT_S:
                 raise RuntimeError(
                     f"{topic}[{part.partition}]: no record at offset {next_offset} within {CONSUME_TIMEOUT_S:.0f} s "
                     f"(range ends at {part.end}); was it deleted by retention?"
                 )
-            for msg in messages:
-                offset = msg.offset()
-                assert offset is not None  # set on every consumed record and partition end
-                if _ends_partition(msg):
-                    if offset >= part.end:  # the range's last offsets hold no record to read
-                        return
-                    continue
-                if msg.error():
-                    raise RuntimeError(f"{topic}[{part.partition}]: {msg.error()}")
-                if offset >= part.end:
+            continue
+        last_progress = clock()
+        for msg in messages:
+            offset = msg.offset()
+            assert offset is not None  # set on every consumed record and partition end
+            if _ends_partition(msg):
+                if offset >= part.end:  # the range's last offsets hold no record to read
                     return
-                next_offset = offset + 1
-                yield part.partition, offset, msg.timestamp(), msg.key(), msg.value()
-    finally:
-        consumer.close()
+                continue
+            if msg.error():
+                raise RuntimeError(f"{topic}[{part.partition}]: {msg.error()}")
+            if offset >= part.end:
+                return
+            next_offset = offset + 1
+            yield part.partition, offset, msg.timestamp(), msg.key(), msg.value()
 
 
 def _ends_partition(msg: Any) -> bool:
