@@ -168,16 +168,15 @@ def records_in_range(
             continue
         last_progress = clock()
         for msg in messages:
+            at_end = _ends_partition(msg)
+            if msg.error() and not at_end:
+                raise RuntimeError(f"{topic}[{part.partition}]: {msg.error()}")
             offset = msg.offset()
             assert offset is not None  # set on every consumed record and partition end
-            if _ends_partition(msg):
-                if offset >= part.end:  # the range's last offsets hold no record to read
-                    return
-                continue
-            if msg.error():
-                raise RuntimeError(f"{topic}[{part.partition}]: {msg.error()}")
-            if offset >= part.end:
+            if offset >= part.end:  # a record past the range, or the partition's end at or past it
                 return
+            if at_end:  # the end before the range's: records are still to come
+                continue
             next_offset = offset + 1
             yield part.partition, offset, msg.timestamp(), msg.key(), msg.value()
 
