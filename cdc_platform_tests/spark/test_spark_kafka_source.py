@@ -18,10 +18,26 @@ from cdc_platform.devtools.stack.profiles import StackProfile
 pytestmark = [pytest.mark.integration, pytest.mark.spark_codegen]
 
 
-def _produce(bootstrap: str, topic: str, count: int) -> None:
+def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)]).values():
+    for future in admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)]).values():
         future.result(30)
+
+
+def _decoded(spark: Any, kafka: Any, topic: str, spans: list[tuple[int, int, int]], decoder: str) -> Any:
+    """The change rows of ``spans`` as the changelog's reader gives them with ``decoder``."""
+    from cdc_platform.config.model import TableConfig
+    from cdc_platform.envelope.encoding import ValueEncoding
+    from cdc_platform.lake.changelog import read_offsets
+    from cdc_platform.lake.tables import LakeTable
+    from cdc_platform_tests.cases.envelopes import SCHEMA
+
+    table = LakeTable(TableConfig(name="shop.public.things"), "/unused", topic, ValueEncoding(), decoder=decoder)
+    return read_offsets(spark, kafka, table, spans, SCHEMA)
+
+
+def _produce(bootstrap: str, topic: str, count: int) -> None:
+    _create_topic(bootstrap, topic, 3)
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     for i in range(count):
         value = None if i % 50 == 7 else json.dumps({"i": i, "text": "é✓" * (i % 5)}).encode()
@@ -76,17 +92,12 @@ def test_a_topics_change_events_decode_the_same_through_spark_sql_as_through_pyt
     """The changelog's reader end to end on a real topic: Spark's Kafka source and Spark SQL
     (``apply.decoder: jvm``) give exactly the rows the Python data source gives, for the
     platform's, Debezium's and malformed envelopes spread over three partitions."""
-    from cdc_platform.config.model import KafkaConfig, TableConfig
-    from cdc_platform.envelope.encoding import ValueEncoding
+    from cdc_platform.config.model import KafkaConfig
     from cdc_platform.kafka.clients import KafkaClients
-    from cdc_platform.lake.changelog import read_offsets
-    from cdc_platform.lake.tables import LakeTable
-    from cdc_platform_tests.cases.envelopes import SCHEMA, debezium_records, platform_records
+    from cdc_platform_tests.cases.envelopes import debezium_records, platform_records
 
     topic = f"decode-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
-    for future in admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)]).values():
-        future.result(30)
+    _create_topic(stack.kafka_bootstrap, topic, 3)
     producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "enable.idempotence": True})
     records = platform_records() + debezium_records()[0]
     for i, (key, value) in enumerate(records):
@@ -96,11 +107,7 @@ def test_a_topics_change_events_decode_the_same_through_spark_sql_as_through_pyt
     ends = kafka.end_offsets(topic)
     spans = [(p, 0, end) for p, end in ends.items()]
 
-    def decoded(decoder: str) -> Any:
-        table = LakeTable(TableConfig(name="shop.public.things"), "/unused", topic, ValueEncoding(), decoder=decoder)
-        return read_offsets(spark, kafka, table, spans, SCHEMA)
-
-    in_jvm, in_python = decoded("jvm"), decoded("python")
+    in_jvm, in_python = (_decoded(spark, kafka, topic, spans, d) for d in ("jvm", "python"))
     assert in_jvm.count() == in_python.count() == len(records)
     assert in_jvm.exceptAll(in_python).count() == in_python.exceptAll(in_jvm).count() == 0
     assert in_python.where("error IS NULL AND op = 'c'").count() >= 10
@@ -111,17 +118,12 @@ def test_records_of_an_aborted_transaction_are_read_by_neither_decoder(stack: St
     connector on it) leaves aborted records in the log. A consumer reading committed data
     never sees them; Spark's Java client reads uncommitted unless told, and would apply
     changes the source never made. Both decoders read the committed records only."""
-    from cdc_platform.config.model import KafkaConfig, TableConfig
-    from cdc_platform.envelope.encoding import ValueEncoding
+    from cdc_platform.config.model import KafkaConfig
     from cdc_platform.kafka.clients import KafkaClients
-    from cdc_platform.lake.changelog import read_offsets
-    from cdc_platform.lake.tables import LakeTable
-    from cdc_platform_tests.cases.envelopes import SCHEMA, platform_records
+    from cdc_platform_tests.cases.envelopes import platform_records
 
     topic = f"aborted-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
-    for future in admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)]).values():
-        future.result(30)
+    _create_topic(stack.kafka_bootstrap, topic, 2)
     records = platform_records()
     producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "transactional.id": f"t-{topic}"})
     producer.init_transactions(30)
@@ -140,11 +142,7 @@ def test_records_of_an_aborted_transaction_are_read_by_neither_decoder(stack: St
     assert sum(ends.values()) == every_offset
     spans = [(p, 0, end) for p, end in ends.items()]
 
-    def decoded(decoder: str) -> Any:
-        table = LakeTable(TableConfig(name="shop.public.things"), "/unused", topic, ValueEncoding(), decoder=decoder)
-        return read_offsets(spark, kafka, table, spans, SCHEMA)
-
-    in_jvm, in_python = decoded("jvm"), decoded("python")
+    in_jvm, in_python = (_decoded(spark, kafka, topic, spans, d) for d in ("jvm", "python"))
     assert in_python.count() == 2 * len(records)
     assert in_jvm.count() == 2 * len(records)
     assert in_jvm.exceptAll(in_python).count() == in_python.exceptAll(in_jvm).count() == 0
