@@ -69,7 +69,7 @@ def main() -> None:
         table = lake.table(key)
         watermarks = KafkaClients(config.kafka).watermarks(table.topic)
         spans = [(p, low, high) for p, (low, high) in watermarks.items()]
-        raw = jvm_decode.read_raw(spark, config.kafka.bootstrap_servers, table.topic, spans).cache()
+        raw = jvm_decode.read_raw(spark, config.kafka, table.topic, spans).cache()
         records = raw.count()
         schema = lake.ledger.latest_schema(key)
         assert schema is not None

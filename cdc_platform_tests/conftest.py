@@ -110,10 +110,11 @@ def no_secret_in_anything_the_suite_wrote(tmp_path_factory: pytest.TempPathFacto
     Dagster instances (runs, events, compute logs), lakes, ledgers, configs, service and
     process logs — except the 0600 secrets file the stack keeps them in."""
     yield
+    from cdc_platform.devtools.stack.kafka import KAFKA_PASSWORD_ENV
     from cdc_platform.devtools.stack.mariadb import MARIADB_PASSWORD_ENVS
     from cdc_platform.devtools.stack.postgres import PASSWORD_ENVS
 
-    names = [*PASSWORD_ENVS.values(), *MARIADB_PASSWORD_ENVS.values()]
+    names = [*PASSWORD_ENVS.values(), *MARIADB_PASSWORD_ENVS.values(), KAFKA_PASSWORD_ENV]
     secrets = [os.environ[name].encode() for name in names if os.environ.get(name)]
     if not secrets:
         return  # no stack was used (the fast layer)
@@ -255,6 +256,9 @@ def spark() -> Any:
     from cdc_platform.config.model import SparkConfig
     from cdc_platform.lake.session import get_spark_session
 
+    # the JVM's environment is fixed at its launch, and Java's Kafka client reads the stack's
+    # secrets from it (``${env:…}``, kafka/java_client.py) as a deployment's JVM would
+    load_stack_env(PROFILES[TEST_PROFILE])
     return get_spark_session(SparkConfig(master="local[2]", conf={CODEGEN_FACTORY_MODE: "NO_CODEGEN"}))
 
 

@@ -280,7 +280,7 @@ tables:
         kafka = LocalKafka(self.profile)
         kafka.down()
         time.sleep(3)
-        kafka.up()
+        kafka.up(stack_env(self.profile))
         return 1
 
     def postgres_restart(self) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from cdc_platform.config.model import ErrorTolerance, KafkaConfig
+from cdc_platform.config.model import ErrorTolerance, KafkaConfig, read_secret
 from cdc_platform.kafka.clients import KafkaClients, worker_options
 from cdc_platform.lake.crash_points import crash_point
 from cdc_platform.lake.current import BatchSummary, appended_to
@@ -259,7 +259,7 @@ def _read_decoded(
     from cdc_platform.lake.jvm_decode import change_schema_of, exact_rows, jvm_decoded, python_decoded, read_raw
 
     spans = [(r.partition, r.start, r.end) for r in window.ranges]
-    raw = read_raw(spark, kafka.kafka.bootstrap_servers, table.topic, spans)
+    raw = read_raw(spark, kafka.kafka, table.topic, spans)
     if fits_in_driver(window, table):
         held = within_driver(
             table, f"a batch of {sum(r.end - r.start for r in window.ranges)} records",
@@ -376,7 +376,7 @@ def read_offsets(
     if decodes_in_jvm(table, kafka.kafka):
         from cdc_platform.lake.jvm_decode import decode_raw, read_raw
 
-        return decode_raw(read_raw(spark, kafka.kafka.bootstrap_servers, table.topic, spans), schema, table.encoding)
+        return decode_raw(read_raw(spark, kafka.kafka, table.topic, spans), schema, table.encoding)
     _register_source(spark)
     options = {
         "topic": table.topic,
@@ -390,19 +390,35 @@ def read_offsets(
 
 def decodes_in_jvm(table: LakeTable, kafka: KafkaConfig) -> bool:
     """Whether the table's records are read by Spark's Kafka source and decoded in Spark
-    SQL (``apply.decoder``). Spark's Kafka client is Java's: librdkafka's settings (TLS
-    files, SASL) do not carry over, so ``auto`` takes it only for a plain connection."""
+    SQL (``apply.decoder``). Spark's Kafka client is Java's: librdkafka's TLS and SASL
+    settings are translated where they have an exact counterpart (``kafka.java_client``);
+    ``auto`` reads with librdkafka in Python workers when one has not."""
     if table.decoder == "python":
         return False
-    portable = not kafka.options and not kafka.secret_options_env
-    if table.decoder == "jvm" and not portable:
-        settings = sorted({*kafka.options, *kafka.secret_options_env})
+    blockers = java_client_blockers(kafka)
+    if table.decoder == "jvm" and blockers:
         raise FatalError(
-            f"{table.source}: apply.decoder is jvm, but kafka sets {settings}"
-            ", librdkafka settings Spark's Java Kafka client does not take; set apply.decoder: auto (or python) to "
-            "read with confluent-kafka in Spark's Python workers"
+            f"{table.source}: apply.decoder is jvm, but {blockers}, which Spark's Java Kafka client cannot take as "
+            "given; set apply.decoder: auto (or python) to read with confluent-kafka in Spark's Python workers"
         )
-    return portable
+    return not blockers
+
+
+def java_client_blockers(kafka: KafkaConfig) -> str:
+    """What keeps the Kafka settings from Java's client, in words ('' when nothing does)."""
+    from cdc_platform.kafka.java_client import jaas_safe, java_client_settings
+
+    settings = java_client_settings(kafka.options, kafka.secret_options_env)
+    if settings.unmapped:
+        return f"kafka sets {list(settings.unmapped)}"
+    unsafe = [
+        env
+        for env in settings.jaas_env
+        if not jaas_safe(read_secret(env, "kafka.secret_options_env").get_secret_value())
+    ]
+    if unsafe:  # the value is not named: only that it holds a character JAAS would read
+        return f"the secret in ${unsafe[0]} holds a double quote or a backslash"
+    return ""
 
 
 _REGISTERING = threading.Lock()

@@ -13,6 +13,17 @@ import re
 from cdc_platform.model.errors import CdcError, FatalError, RetriableError
 
 _FATAL = (
+    # Java's Kafka client (Spark's Kafka source): before the databases' patterns, which
+    # "authentication failed" would match with a database's fix
+    (re.compile(r"saslauthenticationexception|sasl authentication", re.I),
+     "Kafka refused the client's credentials; fix sasl.username in kafka.options or the password in the "
+     "environment variable kafka.secret_options_env names (Spark's executors read it too)"),
+    (re.compile(r"(topic|group)authorizationexception|not authorized to access", re.I),
+     "Kafka's ACLs refuse the platform's client; allow it to read the table's topic and to use the groups "
+     "named cdc_platform.* (README, \"Secured Kafka\")"),
+    (re.compile(r"sslhandshakeexception|ssl handshake failed", re.I),
+     "the TLS handshake with Kafka failed; check kafka.options ssl.ca.location (the CA that signed the brokers' "
+     "certificates) and ssl.endpoint.identification.algorithm"),
     (re.compile(r"password authentication failed|access denied for user|authentication failed", re.I),
      "bad credentials; fix the source's user or the password in the environment variable named by password_env"),
     (re.compile(r"relation .* does not exist|table .* doesn't exist|unknown table", re.I),

@@ -38,12 +38,15 @@ from cdc_platform.envelope.debezium import UNAVAILABLE
 from cdc_platform.envelope.encoding import ValueEncoding
 from cdc_platform.envelope.pgtypes import INT64_MAX, INT64_MIN, numeric_precision_scale
 from cdc_platform.kafka.clients import CHANGELOG_GROUP_ID
+from cdc_platform.kafka.java_client import java_client_settings
 from cdc_platform.lake.lake_types import MAX_SPARK_DECIMAL_PRECISION, lake_type, row_type
 from cdc_platform.model.tables import LakeColumn, TableSchema
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
+
+    from cdc_platform.config.model import KafkaConfig
 
 RAW_COLUMNS = ("partition", "offset", "timestamp", "timestampType", "key", "value")
 INT_RANGES = {"int16": (-(2**15), 2**15 - 1), "int32": (-(2**31), 2**31 - 1), "int64": (INT64_MIN, INT64_MAX)}
@@ -83,11 +86,14 @@ class ColumnDecoding:
     python_if_null: bool = False
 
 
-def kafka_source_options(bootstrap_servers: str, topic: str, spans: list[tuple[int, int, int]]) -> dict[str, str]:
-    """Spark's Kafka source reading exactly ``[start, end)`` of each partition."""
+def kafka_source_options(kafka: KafkaConfig, topic: str, spans: list[tuple[int, int, int]]) -> dict[str, str]:
+    """Spark's Kafka source reading exactly ``[start, end)`` of each partition, with the
+    cluster's TLS/SASL settings as Java's client names them (``kafka.java_client``)."""
     spans = [(p, s, e) for p, s, e in spans if e > s]
+    client = java_client_settings(kafka.options, kafka.secret_options_env).properties
     return {
-        "kafka.bootstrap.servers": bootstrap_servers,
+        "kafka.bootstrap.servers": kafka.bootstrap_servers,
+        **{f"kafka.{key}": value for key, value in client.items()},
         # the platform's group-id scheme (one ACL prefix covers every client). Spark otherwise
         # names a new group per query and keys its pooled consumers by group and partition:
         # every micro-batch opened new consumers and evicted old ones ("Pool exceeds its soft
@@ -110,7 +116,7 @@ def kafka_source_options(bootstrap_servers: str, topic: str, spans: list[tuple[i
     }
 
 
-def read_raw(spark: SparkSession, bootstrap_servers: str, topic: str, spans: list[tuple[int, int, int]]) -> DataFrame:
+def read_raw(spark: SparkSession, kafka: KafkaConfig, topic: str, spans: list[tuple[int, int, int]]) -> DataFrame:
     """The records of the spans as Spark's Kafka source gives them (``RAW_COLUMNS``)."""
     if not any(e > s for _, s, e in spans):
         from pyspark.sql import types as T
@@ -126,7 +132,7 @@ def read_raw(spark: SparkSession, bootstrap_servers: str, topic: str, spans: lis
             ]
         )
         return spark.createDataFrame([], empty)
-    options = kafka_source_options(bootstrap_servers, topic, spans)
+    options = kafka_source_options(kafka, topic, spans)
     return spark.read.format("kafka").options(**options).load().select(*RAW_COLUMNS)
 
 

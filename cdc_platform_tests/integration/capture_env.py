@@ -21,6 +21,7 @@ from psycopg import sql
 
 from cdc_platform.config import PlatformConfig, load_config
 from cdc_platform.devtools.stack import StackProfile
+from cdc_platform.devtools.stack.kafka import KAFKA_PASSWORD_ENV, KAFKA_SASL_USER
 from cdc_platform.devtools.stack.postgres import APP_ROLE, CAPTURE_ROLE, PASSWORD_ENVS, LocalPostgres
 from cdc_platform.sources import CaptureSettings, open_source
 from cdc_platform.sources.base import Capture
@@ -207,7 +208,11 @@ def make_capture_env(
     table_yaml: str = "",
     source_yaml: str = "",
     partitions: int = 3,
+    authenticated: bool = False,
 ) -> Iterator[CaptureEnv]:
+    """A schema, tables, a slot and a publication of their own, and their config. With
+    ``authenticated``, every client (capture, apply, Spark's Kafka source) reaches Kafka
+    through the stack's SASL/SCRAM listener, the password from the environment."""
     suffix = uuid.uuid4().hex[:8]
     env = CaptureEnv(
         profile=profile,
@@ -248,7 +253,7 @@ sources:
     heartbeat_interval_s: 1
 {source_yaml}
 kafka:
-  bootstrap_servers: {profile.kafka_bootstrap}
+{_kafka_yaml(profile, authenticated)}
   partitions: {partitions}
 lake:
   root: lake
@@ -268,6 +273,17 @@ tables:
         if doomed:
             for future in admin_client.delete_topics(doomed).values():
                 future.result(timeout=30)
+
+
+def _kafka_yaml(profile: StackProfile, authenticated: bool) -> str:
+    if not authenticated:
+        return f"  bootstrap_servers: {profile.kafka_bootstrap}"
+    return (
+        f"  bootstrap_servers: {profile.kafka_sasl_bootstrap}\n"
+        "  options: {security.protocol: SASL_PLAINTEXT, sasl.mechanism: SCRAM-SHA-512, "
+        f"sasl.username: {KAFKA_SASL_USER}}}\n"
+        f"  secret_options_env: {{sasl.password: {KAFKA_PASSWORD_ENV}}}"
+    )
 
 
 def _drop_slot(admin: psycopg.Connection[tuple[Any, ...]], slot: str) -> None:

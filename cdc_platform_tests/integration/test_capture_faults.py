@@ -188,21 +188,22 @@ def test_reconnects_when_the_connection_is_killed(env: CaptureEnv) -> None:
 @pytest.mark.serial  # the broker goes down under every other test: run alone (scripts/test.sh)
 def test_survives_a_kafka_restart(env: CaptureEnv) -> None:
     from cdc_platform.devtools.stack.kafka import LocalKafka
+    from cdc_platform.devtools.stack.stack import stack_env
 
-    kafka = LocalKafka(env.profile)
+    kafka, secrets = LocalKafka(env.profile), stack_env(env.profile)
     try:
         with env.running_capture() as capture, env.app() as app:
             app.execute("INSERT INTO items (id) SELECT g FROM generate_series(1, 100) g")
             assert kafka.down()  # the broker goes away mid-stream…
             app.execute("INSERT INTO items (id) SELECT g FROM generate_series(101, 200) g")
             time.sleep(3)
-            kafka.up()  # …and comes back
+            kafka.up(secrets)  # …and comes back
             app.execute("INSERT INTO items (id) SELECT g FROM generate_series(201, 300) g")
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline and capture.stats.events["c"] < 300:
                 time.sleep(0.5)
     finally:
-        kafka.up()  # whatever happened, leave the broker running for the next tests
+        kafka.up(secrets)  # whatever happened, leave the broker running for the next tests
     ids = {json.loads(m.key or b"")["id"] for m in env.consume(["items"]) if m.value}
     assert ids == set(range(1, 301))
 

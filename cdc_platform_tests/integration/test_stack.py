@@ -118,7 +118,7 @@ def listening(port: int) -> list[str]:
 
 
 def test_services_listen_on_loopback_only(stack: StackProfile) -> None:
-    for port in (stack.pg_port, stack.kafka_port, stack.controller_port, stack.mariadb_port):
+    for port in (stack.pg_port, stack.kafka_port, stack.controller_port, stack.kafka_sasl_port, stack.mariadb_port):
         addresses = listening(port)
         assert addresses, f"nothing listens on {port}"
         assert set(addresses) <= LOOPBACK, f"port {port} listens on {addresses}"

@@ -27,7 +27,7 @@ from cdc_platform.devtools.apply_process import KILLED, ApplyProcess
 from cdc_platform.devtools.faults import APPLY_CUTS
 from cdc_platform.devtools.lake import Lake
 from cdc_platform.lake.apply import StreamApply, TableApplied, describe, load_state
-from cdc_platform.lake.changelog import batch_identity, seal_day
+from cdc_platform.lake.changelog import batch_identity, decodes_in_jvm, seal_day
 from cdc_platform.lake.compare import history_chain
 from cdc_platform.lake.crash_points import APPLY_POINTS
 from cdc_platform.lake.tables import lake_table
@@ -367,7 +367,10 @@ def _changes(env: CaptureEnv, seed: int, first_id: int, transactions: int = 40) 
 
 @pytest.fixture
 def one_table_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
-    yield from make_capture_env(demo_db, tmp_path, DDL, ["items"], source_yaml=STREAMED)
+    """One table, reached through Kafka's SASL/SCRAM listener as a production cluster is:
+    capture's producer, the apply's offset questions and Spark's Kafka source (the JVM
+    decoder ``auto`` picks) all authenticate."""
+    yield from make_capture_env(demo_db, tmp_path, DDL, ["items"], source_yaml=STREAMED, authenticated=True)
 
 
 def test_an_apply_cut_at_any_step_resumes_exactly(one_table_env: CaptureEnv, spark: Any) -> None:
@@ -774,10 +777,12 @@ def test_a_backlog_batch_of_a_small_table_is_held_in_the_driver(one_table_env: C
     """A batch of more than 10 000 changes whose records fit ``lake.driver_batch_max_mb`` is
     decoded into the driver in one Spark job and appended to the changelog by delta-rs (Spark
     appends whatever the driver does not hold, above 10 000 rows), and current still equals
-    the source. With the old bound (10 000 records) delta-rs does not append it: this fails."""
+    the source. With the old bound (10 000 records) delta-rs does not append it: this fails.
+    Kafka authenticates here (SASL/SCRAM), and the records are still read by Spark's Kafka source."""
     env = one_table_env
     lake, keys = Lake(env.config, spark), _keys(env)
     table = lake.table(keys[0])
+    assert decodes_in_jvm(table, env.config.kafka)
     _changes(env, seed=1, first_id=1, transactions=10)
     env.run_until_caught_up()
     lake.snapshot(keys[0], "g1")

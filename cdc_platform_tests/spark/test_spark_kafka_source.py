@@ -5,6 +5,7 @@ same records confluent-kafka reads — partition, offset, key, value and timesta
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from cdc_platform.devtools.stack.kafka import KAFKA_PASSWORD_ENV, KAFKA_SASL_USER
 from cdc_platform.devtools.stack.profiles import StackProfile
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark_codegen]
@@ -24,16 +26,20 @@ def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
         future.result(30)
 
 
-def _decoded(spark: Any, kafka: Any, topic: str, spans: list[tuple[int, int, int]], decoder: str) -> Any:
-    """The change rows of ``spans`` as the changelog's reader gives them with ``decoder``."""
+def _table(topic: str, decoder: str) -> Any:
     from cdc_platform.config.model import TableConfig
     from cdc_platform.envelope.encoding import ValueEncoding
-    from cdc_platform.lake.changelog import read_offsets
     from cdc_platform.lake.tables import LakeTable
+
+    return LakeTable(TableConfig(name="shop.public.things"), "/unused", topic, ValueEncoding(), decoder=decoder)
+
+
+def _decoded(spark: Any, kafka: Any, topic: str, spans: list[tuple[int, int, int]], decoder: str) -> Any:
+    """The change rows of ``spans`` as the changelog's reader gives them with ``decoder``."""
+    from cdc_platform.lake.changelog import read_offsets
     from cdc_platform_tests.cases.envelopes import SCHEMA
 
-    table = LakeTable(TableConfig(name="shop.public.things"), "/unused", topic, ValueEncoding(), decoder=decoder)
-    return read_offsets(spark, kafka, table, spans, SCHEMA)
+    return read_offsets(spark, kafka, _table(topic, decoder), spans, SCHEMA)
 
 
 def _produce(bootstrap: str, topic: str, count: int) -> None:
@@ -146,3 +152,53 @@ def test_records_of_an_aborted_transaction_are_read_by_neither_decoder(stack: St
     assert in_python.count() == 2 * len(records)
     assert in_jvm.count() == 2 * len(records)
     assert in_jvm.exceptAll(in_python).count() == in_python.exceptAll(in_jvm).count() == 0
+
+
+def _sasl(stack: StackProfile, user: str = KAFKA_SASL_USER) -> Any:
+    """The stack's authenticating listener in librdkafka's names, the password by env var."""
+    from cdc_platform.config.model import KafkaConfig
+
+    return KafkaConfig(
+        bootstrap_servers=stack.kafka_sasl_bootstrap,
+        options={"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user},
+        secret_options_env={"sasl.password": KAFKA_PASSWORD_ENV},
+    )
+
+
+def test_a_cluster_that_authenticates_is_read_in_the_jvm_with_the_password_from_the_environment(
+    stack: StackProfile, spark: Any
+) -> None:
+    """Production clusters authenticate their clients. With SASL/SCRAM written as for
+    librdkafka and the password in an environment variable, ``decoder: auto`` still reads
+    with Spark's Kafka source: the same rows as the Python reader, no password in Spark's
+    options, and a user the cluster refuses fails the table as fatal, naming Kafka's
+    credentials (retrying cannot help)."""
+    from cdc_platform.kafka.clients import KafkaClients
+    from cdc_platform.lake.changelog import decodes_in_jvm
+    from cdc_platform.lake.errors import classify_spark_error
+    from cdc_platform.lake.jvm_decode import kafka_source_options
+    from cdc_platform.model.errors import FatalError
+    from cdc_platform_tests.cases.envelopes import platform_records
+
+    topic = f"sasl-{uuid.uuid4().hex[:8]}"
+    _create_topic(stack.kafka_bootstrap, topic, 2)
+    records = platform_records()
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "enable.idempotence": True})
+    for i, (key, value) in enumerate(records):
+        producer.produce(topic, key=key, value=value, partition=i % 2)
+    assert producer.flush(30) == 0
+    secured = _sasl(stack)
+    kafka = KafkaClients(secured)
+    spans = [(p, 0, end) for p, end in kafka.end_offsets(topic).items()]  # librdkafka through SASL
+    assert decodes_in_jvm(_table(topic, "auto"), secured)
+    in_jvm, in_python = (_decoded(spark, kafka, topic, spans, d) for d in ("auto", "python"))
+    assert in_jvm.count() == in_python.count() == len(records)
+    assert in_jvm.exceptAll(in_python).count() == in_python.exceptAll(in_jvm).count() == 0
+    options = json.dumps(kafka_source_options(secured, topic, spans))
+    assert os.environ[KAFKA_PASSWORD_ENV] not in options and "${env:" + KAFKA_PASSWORD_ENV + "}" in options
+
+    with pytest.raises(Exception) as refused:
+        _decoded(spark, KafkaClients(_sasl(stack, user="nobody")), topic, spans, "jvm").count()
+    error = classify_spark_error(refused.value, "stream apply of shop.public.things")
+    assert isinstance(error, FatalError), error
+    assert "Kafka refused the client's credentials" in str(error) and "kafka.secret_options_env" in str(error)

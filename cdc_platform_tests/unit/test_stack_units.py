@@ -33,7 +33,7 @@ def test_no_two_stack_profiles_share_a_port_or_a_directory() -> None:
     ports = []
     for p in profiles:
         cluster = LocalSparkCluster(p)
-        ports += [p.pg_port, p.kafka_port, p.controller_port, p.mariadb_port, p.connect_port]
+        ports += [p.pg_port, p.kafka_port, p.controller_port, p.kafka_sasl_port, p.mariadb_port, p.connect_port]
         ports += [cluster.master_port, cluster.master_ui_port, cluster.worker_port, cluster.worker_ui_port]
     assert len(ports) == len(set(ports)), ports
     assert len({p.root for p in profiles}) == len(profiles)

@@ -124,7 +124,9 @@ def test_the_apply_engine_is_chosen_per_source(tmp_path: Path) -> None:
         load_config(_config(tmp_path, "    apply: {engine: spark}"))
 
 
-def test_records_are_decoded_in_the_jvm_unless_the_kafka_client_needs_librdkafka_settings(tmp_path: Path) -> None:
+def test_records_are_decoded_in_the_jvm_unless_the_kafka_client_needs_librdkafka_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from cdc_platform.lake.changelog import decodes_in_jvm
     from cdc_platform.lake.tables import lake_table
 
@@ -136,11 +138,24 @@ def test_records_are_decoded_in_the_jvm_unless_the_kafka_client_needs_librdkafka
         config = load_config(tmp_path / "cdc_platform.yaml")
         return decodes_in_jvm(lake_table(config, config.tables[0]), config.kafka)
 
-    tls = 'kafka: {bootstrap_servers: "127.0.0.1:9092", options: {security.protocol: ssl}}'
-    assert decoder("") and decoder("    apply: {decoder: jvm}")
-    assert not decoder("", tls) and not decoder("    apply: {decoder: python}")
-    with pytest.raises(FatalError, match=r"shop: apply.decoder is jvm, but kafka sets \['security.protocol'\].*auto"):
-        decoder("    apply: {decoder: jvm}", tls)
+    kafka = 'kafka: {bootstrap_servers: "127.0.0.1:9092", '
+    tls = kafka + "options: {security.protocol: ssl, ssl.ca.location: /etc/kafka/ca.pem}}"
+    mtls = kafka + "options: {security.protocol: ssl, ssl.certificate.location: /c.pem, ssl.key.location: /k.pem}}"
+    scram = (
+        kafka + "options: {security.protocol: sasl_ssl, sasl.mechanism: SCRAM-SHA-512, sasl.username: cdc}, "
+        "secret_options_env: {sasl.password: TEST_KAFKA_PW}}"
+    )
+    monkeypatch.setenv("TEST_KAFKA_PW", "plain-pw")
+    assert decoder("") and decoder("    apply: {decoder: jvm}") and not decoder("    apply: {decoder: python}")
+    assert decoder("", tls) and decoder("", scram) and decoder("    apply: {decoder: jvm}", scram)
+    assert not decoder("", mtls)
+    with pytest.raises(FatalError, match=r"shop: apply.decoder is jvm, but kafka sets \['ssl.certificate.location'"):
+        decoder("    apply: {decoder: jvm}", mtls)
+    monkeypatch.setenv("TEST_KAFKA_PW", 'pw"with-a-quote')
+    assert not decoder("", scram)
+    with pytest.raises(FatalError, match=r"the secret in \$TEST_KAFKA_PW holds a double quote") as refused:
+        decoder("    apply: {decoder: jvm}", scram)
+    assert "with-a-quote" not in str(refused.value)
 
 
 def test_a_crash_point_ends_the_process_only_where_it_is_named() -> None:

@@ -31,6 +31,12 @@ logger.state.level = WARN
 """
 
 
+# the SASL listener's user; its password is the stack's generated $CDC_KAFKA_PASSWORD
+KAFKA_SASL_USER = "cdc"
+KAFKA_PASSWORD_ENV = "CDC_KAFKA_PASSWORD"  # noqa: S105  # a variable's name, not a password
+SCRAM_ITERATIONS = 4096  # Kafka's minimum for SCRAM-SHA-512
+
+
 class KafkaError(RuntimeError):
     pass
 
@@ -78,11 +84,12 @@ class LocalKafka:
     def running_pid(self) -> int | None:
         return recorded_process(self.pid_file, str(self.props))
 
-    def up(self, timeout_s: float = 90.0) -> bool:
-        """Start the broker if it is not running. Returns True if we started it."""
+    def up(self, env: dict[str, str], timeout_s: float = 90.0) -> bool:
+        """Start the broker if it is not running, and give the SASL listener's user the
+        stack's password. Returns True if we started it."""
         started = False
         if self.running_pid() is None:
-            for port in (self.profile.kafka_port, self.profile.controller_port):
+            for port in (self.profile.kafka_port, self.profile.controller_port, self.profile.kafka_sasl_port):
                 if port_open("127.0.0.1", port):
                     raise KafkaError(
                         f"port 127.0.0.1:{port} is taken by a process this stack did not start; "
@@ -95,6 +102,7 @@ class LocalKafka:
             self._start()
             started = True
         self._wait_ready(timeout_s)
+        self._set_sasl_password(env[KAFKA_PASSWORD_ENV])
         return started
 
     def down(self) -> bool:
@@ -111,11 +119,20 @@ class LocalKafka:
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.bootstrap.servers": f"127.0.0.1:{p.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{p.kafka_port},CONTROLLER://127.0.0.1:{p.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{p.kafka_port}",
+            "listeners": (
+                f"PLAINTEXT://127.0.0.1:{p.kafka_port},CONTROLLER://127.0.0.1:{p.controller_port},"
+                f"SASL://127.0.0.1:{p.kafka_sasl_port}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{p.kafka_port},SASL://127.0.0.1:{p.kafka_sasl_port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL:SASL_PLAINTEXT",
+            # a listener that authenticates, as production clusters do (SCRAM: the credential
+            # lives in the cluster's metadata, set by _set_sasl_password, not in this file)
+            "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            "listener.name.sasl.scram-sha-512.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
             "log.dirs": str(self.data),
             "num.partitions": "3",
             "offsets.topic.replication.factor": "1",
@@ -132,6 +149,26 @@ class LocalKafka:
         }
         self.props.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         self.log4j.write_text(LOG4J2_PROPERTIES)
+
+    def _set_sasl_password(self, password: str) -> None:
+        """The SASL user's SCRAM credential (an upsert: the same on every ``up``)."""
+        from confluent_kafka.admin import (  # type: ignore[attr-defined]  # exported, not in __all__
+            AdminClient,
+            ScramCredentialInfo,
+            ScramMechanism,
+            UserScramCredentialUpsertion,
+        )
+
+        admin = AdminClient({"bootstrap.servers": self.profile.kafka_bootstrap, "log_level": 0})
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS)
+        try:
+            upsertion = UserScramCredentialUpsertion(KAFKA_SASL_USER, info, password.encode())
+            for future in admin.alter_user_scram_credentials([upsertion]).values():
+                future.result(30)
+        except Exception as exc:  # the password is not in librdkafka's message
+            raise KafkaError(
+                f"setting the SASL user's credential on {self.profile.kafka_bootstrap} failed: {exc}"
+            ) from None
 
     def _jvm(self, main: str, *args: str, heap: str = "256m") -> list[str]:
         return [

@@ -53,6 +53,16 @@ class StackProfile:
         return f"127.0.0.1:{self.kafka_port}"
 
     @property
+    def kafka_sasl_port(self) -> int:
+        """The broker's SASL_PLAINTEXT (SCRAM-SHA-512) listener: a client that authenticates,
+        as on a production cluster (user ``KAFKA_SASL_USER``, password ``$CDC_KAFKA_PASSWORD``)."""
+        return self.kafka_port + 2
+
+    @property
+    def kafka_sasl_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.kafka_sasl_port}"
+
+    @property
     def connect_url(self) -> str:
         return f"http://127.0.0.1:{self.connect_port}"
 

@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass
 
 from cdc_platform.devtools.stack.connect import LocalConnect
-from cdc_platform.devtools.stack.kafka import KafkaError, LocalKafka
+from cdc_platform.devtools.stack.kafka import KAFKA_PASSWORD_ENV, KafkaError, LocalKafka
 from cdc_platform.devtools.stack.mariadb import MARIADB_PASSWORD_ENVS, LocalMariaDB, MariaDBError
 from cdc_platform.devtools.stack.postgres import PASSWORD_ENVS, LocalPostgres, PostgresError
 from cdc_platform.devtools.stack.procs import port_open
@@ -34,7 +34,7 @@ def stack_env(profile: StackProfile) -> dict[str, str]:
             if line.startswith("export ") and "=" in line:
                 name, value = line.removeprefix("export ").split("=", 1)
                 values[name] = value
-    wanted = [*PASSWORD_ENVS.values(), *MARIADB_PASSWORD_ENVS.values()]
+    wanted = [*PASSWORD_ENVS.values(), *MARIADB_PASSWORD_ENVS.values(), KAFKA_PASSWORD_ENV]
     missing = [name for name in wanted if name not in values]
     if missing:
         for name in missing:
@@ -58,7 +58,7 @@ def stack_up(profile: StackProfile) -> UpResult:
     profile.logs.mkdir(parents=True, exist_ok=True)
     try:
         started_pg = LocalPostgres(profile).up(env)
-        started_kafka = LocalKafka(profile).up()
+        started_kafka = LocalKafka(profile).up(env)
         started_mariadb = LocalMariaDB(profile).up(env)
     except (PostgresError, KafkaError, MariaDBError) as exc:
         raise StackError(str(exc)) from None
@@ -98,7 +98,8 @@ def stack_status(profile: StackProfile) -> dict[str, str]:
     kafka_pid = kafka.running_pid()
     if kafka_pid:
         up = port_open("127.0.0.1", profile.kafka_port)
-        status["kafka"] = f"{'up' if up else 'starting'} (pid {kafka_pid}, {profile.kafka_bootstrap})"
+        status["kafka"] = f"{'up' if up else 'starting'} (pid {kafka_pid}, {profile.kafka_bootstrap}"
+        status["kafka"] += f", SASL/SCRAM {profile.kafka_sasl_bootstrap})"
     else:
         taken = port_open("127.0.0.1", profile.kafka_port)
         status["kafka"] = "down" + (f" (port {profile.kafka_port} used by another process)" if taken else "")
