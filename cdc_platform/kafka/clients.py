@@ -13,6 +13,7 @@ backoff. Other broker trouble is a ``RetriableError``; a missing topic is an emp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -33,7 +34,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]  # exported, not in __all__
 
 from cdc_platform.config.model import KafkaConfig
-from cdc_platform.model.errors import FatalError, RetriableError
+from cdc_platform.model.errors import CdcError, FatalError, RetriableError
 from cdc_platform.model.windows import PartitionFacts
 
 TIMEOUT_S = 15.0
@@ -66,17 +67,29 @@ def producer_settings() -> dict[str, Any]:
     }
 
 
+PROBE_S = 5.0  # how long a failed question's credential check waits for the broker's answer
+
+
+def refused_credentials(error: KafkaError) -> bool:
+    """The broker's answer that the client's SASL credentials are wrong. librdkafka gives
+    it only to ``error_cb``; the call that then fails says "transport failure" or "timed
+    out", which alone would be retried forever. A connection lost during the handshake has
+    the same code without the broker's words: not a refusal."""
+    return error.code() == KafkaError._AUTHENTICATION and "authentication failed" in error.str().lower()
+
+
 class KafkaClients:
     def __init__(self, kafka: KafkaConfig) -> None:
         self.kafka = kafka
         self._offsets_admin: AdminClient | None = None
         self._offsets_lock = threading.Lock()
+        self.refusal: str | None = None  # the broker's words when it refused the credentials
 
     # ------------------------------------------------------------ clients
 
     def consumer(self, purpose: str, **overrides: Any) -> Consumer:
         settings = {
-            **self.kafka.client_config(),
+            **self._client_config(),
             "group.id": f"cdc_platform.{purpose}",
             "enable.auto.commit": False,
             **overrides,
@@ -84,10 +97,42 @@ class KafkaClients:
         return Consumer(settings)
 
     def producer(self, **overrides: Any) -> Producer:
-        return Producer({**self.kafka.client_config(), **producer_settings(), **overrides})
+        return Producer({**self._client_config(), **producer_settings(), **overrides})
 
     def admin(self) -> AdminClient:
-        return AdminClient(self.kafka.client_config())
+        return AdminClient(self._client_config())
+
+    def _client_config(self) -> dict[str, Any]:
+        return {**self.kafka.client_config(), "error_cb": self._on_client_error}
+
+    def _on_client_error(self, error: KafkaError) -> None:
+        if refused_credentials(error):
+            self.refusal = error.str()
+
+    def raise_if_refused(self) -> None:
+        """A ``FatalError`` with the fix once any client of these saw the broker refuse the
+        credentials (a producer's errors arrive as it is polled or flushed)."""
+        if self.refusal is not None:
+            raise FatalError(
+                f"Kafka at {self.kafka.bootstrap_servers} refused the client's credentials ({self.refusal}); fix "
+                "sasl.username in kafka.options or the password in the environment variable kafka.secret_options_env "
+                "names, then start again (nothing unacknowledged was lost: it is sent again)"
+            )
+
+    def unreachable(self, message: str) -> CdcError:
+        """The error for a question Kafka did not answer: fatal when the broker refused the
+        credentials, else retriable. An admin client or a consumer that is not polled never
+        hears the refusal, so a short-lived producer asks (it takes the same settings)."""
+        if self.refusal is None and self.kafka.options.get("security.protocol", "").upper().startswith("SASL"):
+            probe = self.producer(log_level=0)
+            with contextlib.suppress(KafkaException):
+                probe.list_topics(timeout=PROBE_S)
+            probe.poll(0)  # serves the errors the failed request queued
+        try:
+            self.raise_if_refused()
+        except FatalError as refused:
+            return refused
+        return RetriableError(message)
 
     def _ask(self, purpose: str, question: Callable[[Consumer], T]) -> T:
         """``question`` asked of a fresh consumer, with ``_with_backoff``'s retries."""
@@ -131,7 +176,7 @@ class KafkaClients:
             except KafkaException as exc:
                 if _code(exc) not in LEADERSHIP_MOVING or attempt == ASK_ATTEMPTS:
                     given_up()
-                    raise RetriableError(
+                    raise self.unreachable(
                         f"Kafka at {self.kafka.bootstrap_servers} did not answer ({purpose}): {exc}"
                     ) from None
             time.sleep(delay)
@@ -248,7 +293,7 @@ class KafkaClients:
         try:
             existing = set(admin.list_topics(timeout=TIMEOUT_S).topics)
         except KafkaException as exc:
-            raise RetriableError(f"Kafka unreachable at {self.kafka.bootstrap_servers}: {exc}") from None
+            raise self.unreachable(f"Kafka unreachable at {self.kafka.bootstrap_servers}: {exc}") from None
         k = self.kafka
         wanted = [
             NewTopic(t, num_partitions=k.partitions, replication_factor=k.replication_factor,

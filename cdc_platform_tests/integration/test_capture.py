@@ -268,3 +268,35 @@ def _confirmed(env: CaptureEnv) -> str:
         ).fetchone()
     assert row is not None
     return str(row[0])
+
+
+@pytest.fixture
+def authenticated_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
+    yield from make_capture_env(demo_db, tmp_path, ITEMS_DDL, ["items"], authenticated=True)
+
+
+def test_a_password_kafka_refuses_stops_capture_at_once_naming_the_fix(
+    authenticated_env: CaptureEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the SASL/SCRAM listener, capture delivers; with a password the broker
+    refuses, librdkafka's calls only time out ("transport failure"), which alone would be
+    retried forever. The refusal is fatal instead, at once, naming the settings to fix and
+    never the password."""
+    from cdc_platform.devtools.stack.kafka import KAFKA_PASSWORD_ENV
+    from cdc_platform.model.errors import FatalError
+
+    env = authenticated_env
+    env.run_until_caught_up()  # creates the slot and the topics, through the SASL listener
+    with env.app() as app:
+        app.execute("INSERT INTO items (id, body) SELECT g, 'x' FROM generate_series(1, 20) g")
+    assert env.run_until_caught_up().events["c"] == 20  # the right password: delivered
+
+    wrong = f"not-{uuid.uuid4().hex}"
+    monkeypatch.setenv(KAFKA_PASSWORD_ENV, wrong)
+    started = time.monotonic()
+    with pytest.raises(FatalError) as refused:
+        env.run_until_caught_up()
+    assert time.monotonic() - started < 30  # not a retry loop
+    text = str(refused.value)
+    assert "refused the client's credentials" in text and "kafka.secret_options_env" in text, text
+    assert wrong not in text

@@ -129,3 +129,30 @@ def test_a_leader_that_never_comes_is_still_a_retriable_error(kafka: Scripted) -
     with pytest.raises(RetriableError, match=r"Not leader|NOT_LEADER"):
         client.end_offsets("t")
     assert 0 < len(sleeps) < 50 and sum(sleeps) < 30  # bounded: the caller's own retry takes over
+
+
+@pytest.mark.parametrize(
+    ("code", "text", "refused"),
+    [
+        # the broker's answer (SCRAM, then PLAIN), as librdkafka hands it to error_cb
+        (KafkaError._AUTHENTICATION, "SASL authentication error: Authentication failed during authentication "
+         "due to invalid credentials with SASL mechanism SCRAM-SHA-512 (after 310ms in state AUTH_REQ)", True),
+        (KafkaError._AUTHENTICATION, "SASL authentication error: Authentication failed: Invalid username or "
+         "password (after 2ms in state AUTH_REQ)", True),
+        # a connection lost during the handshake: the same code, retrying can help
+        (KafkaError._AUTHENTICATION, "SASL SCRAM-SHA-512 mechanism handshake failed: Local: Broker transport "
+         "failure: broker's supported mechanisms: (n/a) (after 0ms in state DOWN)", False),
+        (KafkaError._TRANSPORT, "Failed to get metadata: Local: Broker transport failure", False),
+    ],
+)  # fmt: skip
+def test_only_the_brokers_refusal_of_the_credentials_is_fatal(code: int, text: str, refused: bool) -> None:
+    kafka = KafkaClients(KafkaConfig(bootstrap_servers="127.0.0.1:9"))
+    assert clients.refused_credentials(KafkaError(code, text)) is refused
+    kafka._on_client_error(KafkaError(code, text))
+    if refused:
+        with pytest.raises(FatalError, match=r"refused the client's credentials.*kafka\.secret_options_env"):
+            kafka.raise_if_refused()
+        assert isinstance(kafka.unreachable("no answer"), FatalError)
+    else:
+        kafka.raise_if_refused()
+        assert isinstance(kafka.unreachable("no answer"), RetriableError)
