@@ -70,12 +70,28 @@ def producer_settings() -> dict[str, Any]:
 PROBE_S = 5.0  # how long a failed question's credential check waits for the broker's answer
 
 
-def refused_credentials(error: KafkaError) -> bool:
-    """The broker's answer that the client's SASL credentials are wrong. librdkafka gives
-    it only to ``error_cb``; the call that then fails says "transport failure" or "timed
-    out", which alone would be retried forever. A connection lost during the handshake has
-    the same code without the broker's words: not a refusal."""
-    return error.code() == KafkaError._AUTHENTICATION and "authentication failed" in error.str().lower()
+CREDENTIALS_FIX = (
+    "the broker refused the client's credentials; fix sasl.username in kafka.options or the password in the "
+    "environment variable kafka.secret_options_env names, then start again (nothing unacknowledged was lost)"
+)
+TLS_FIX = (
+    "the broker's certificate could not be verified; set kafka.options ssl.ca.location to the CA that signed it "
+    "(and check ssl.endpoint.identification.algorithm), then start again"
+)
+
+
+def refusal_fix(error: KafkaError) -> str | None:
+    """The fix when the broker turned the client away for good: refused SASL credentials,
+    or a certificate the client cannot verify. librdkafka gives these only to
+    ``error_cb``; the call that then fails says "transport failure" or "timed out", which
+    alone would be retried forever. A connection lost during a handshake has the same
+    codes without these words: not a refusal."""
+    text = error.str().lower()
+    if error.code() == KafkaError._AUTHENTICATION and "authentication failed" in text:
+        return CREDENTIALS_FIX
+    if error.code() == KafkaError._SSL and "certificate verify failed" in text:
+        return TLS_FIX
+    return None
 
 
 class KafkaClients:
@@ -83,7 +99,7 @@ class KafkaClients:
         self.kafka = kafka
         self._offsets_admin: AdminClient | None = None
         self._offsets_lock = threading.Lock()
-        self.refusal: str | None = None  # the broker's words when it refused the credentials
+        self.refusal: tuple[str, str] | None = None  # the fix and the broker's words, once it turned a client away
 
     # ------------------------------------------------------------ clients
 
@@ -106,24 +122,24 @@ class KafkaClients:
         return {**self.kafka.client_config(), "error_cb": self._on_client_error}
 
     def _on_client_error(self, error: KafkaError) -> None:
-        if refused_credentials(error):
-            self.refusal = error.str()
+        fix = refusal_fix(error)
+        if fix is not None:
+            self.refusal = (fix, error.str())
 
     def raise_if_refused(self) -> None:
-        """A ``FatalError`` with the fix once any client of these saw the broker refuse the
-        credentials (a producer's errors arrive as it is polled or flushed)."""
+        """A ``FatalError`` with the fix once any client of these saw the broker turn it away
+        (a producer's errors arrive as it is polled or flushed)."""
         if self.refusal is not None:
-            raise FatalError(
-                f"Kafka at {self.kafka.bootstrap_servers} refused the client's credentials ({self.refusal}); fix "
-                "sasl.username in kafka.options or the password in the environment variable kafka.secret_options_env "
-                "names, then start again (nothing unacknowledged was lost: it is sent again)"
-            )
+            fix, words = self.refusal
+            raise FatalError(f"Kafka at {self.kafka.bootstrap_servers}: {fix} ({words})")
 
     def unreachable(self, message: str) -> CdcError:
-        """The error for a question Kafka did not answer: fatal when the broker refused the
-        credentials, else retriable. An admin client or a consumer that is not polled never
-        hears the refusal, so a short-lived producer asks (it takes the same settings)."""
-        if self.refusal is None and self.kafka.options.get("security.protocol", "").upper().startswith("SASL"):
+        """The error for a question Kafka did not answer: fatal when the broker turned the
+        client away, else retriable. An admin client or a consumer that is not polled never
+        hears why, so on a TLS or SASL connection a short-lived producer asks (it takes the
+        same settings)."""
+        secured = self.kafka.options.get("security.protocol", "plaintext").upper() != "PLAINTEXT"
+        if self.refusal is None and secured:
             probe = self.producer(log_level=0)
             with contextlib.suppress(KafkaException):
                 probe.list_topics(timeout=PROBE_S)

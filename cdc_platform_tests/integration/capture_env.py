@@ -212,7 +212,8 @@ def make_capture_env(
 ) -> Iterator[CaptureEnv]:
     """A schema, tables, a slot and a publication of their own, and their config. With
     ``authenticated``, every client (capture, apply, Spark's Kafka source) reaches Kafka
-    through the stack's SASL/SCRAM listener, the password from the environment."""
+    through the stack's SASL_SSL/SCRAM listener (its CA file trusted), the password from
+    the environment."""
     suffix = uuid.uuid4().hex[:8]
     env = CaptureEnv(
         profile=profile,
@@ -280,8 +281,8 @@ def _kafka_yaml(profile: StackProfile, authenticated: bool) -> str:
         return f"  bootstrap_servers: {profile.kafka_bootstrap}"
     return (
         f"  bootstrap_servers: {profile.kafka_sasl_bootstrap}\n"
-        "  options: {security.protocol: SASL_PLAINTEXT, sasl.mechanism: SCRAM-SHA-512, "
-        f"sasl.username: {KAFKA_SASL_USER}}}\n"
+        "  options: {security.protocol: SASL_SSL, sasl.mechanism: SCRAM-SHA-512, "
+        f"sasl.username: {KAFKA_SASL_USER}, ssl.ca.location: '{profile.kafka_ca_file}'}}\n"
         f"  secret_options_env: {{sasl.password: {KAFKA_PASSWORD_ENV}}}"
     )
 

@@ -278,7 +278,7 @@ def authenticated_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
 def test_a_password_kafka_refuses_stops_capture_at_once_naming_the_fix(
     authenticated_env: CaptureEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Through the SASL/SCRAM listener, capture delivers; with a password the broker
+    """Through the SASL_SSL/SCRAM listener, capture delivers; with a password the broker
     refuses, librdkafka's calls only time out ("transport failure"), which alone would be
     retried forever. The refusal is fatal instead, at once, naming the settings to fix and
     never the password."""

@@ -367,7 +367,7 @@ def _changes(env: CaptureEnv, seed: int, first_id: int, transactions: int = 40) 
 
 @pytest.fixture
 def one_table_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
-    """One table, reached through Kafka's SASL/SCRAM listener as a production cluster is:
+    """One table, reached through Kafka's SASL_SSL/SCRAM listener as a production cluster is:
     capture's producer, the apply's offset questions and Spark's Kafka source (the JVM
     decoder ``auto`` picks) all authenticate."""
     yield from make_capture_env(demo_db, tmp_path, DDL, ["items"], source_yaml=STREAMED, authenticated=True)
@@ -778,7 +778,7 @@ def test_a_backlog_batch_of_a_small_table_is_held_in_the_driver(one_table_env: C
     decoded into the driver in one Spark job and appended to the changelog by delta-rs (Spark
     appends whatever the driver does not hold, above 10 000 rows), and current still equals
     the source. With the old bound (10 000 records) delta-rs does not append it: this fails.
-    Kafka authenticates here (SASL/SCRAM), and the records are still read by Spark's Kafka source."""
+    Kafka speaks TLS and authenticates here (SASL_SSL/SCRAM), and the records are still read by Spark's Kafka source."""
     env = one_table_env
     lake, keys = Lake(env.config, spark), _keys(env)
     table = lake.table(keys[0])

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from cdc_platform.devtools.stack.kafka import KAFKA_PASSWORD_ENV, KAFKA_SASL_USER
+from cdc_platform.devtools.stack.kafka import KAFKA_PASSWORD_ENV, KAFKA_SASL_USER, keytool
 from cdc_platform.devtools.stack.profiles import StackProfile
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark_codegen]
@@ -154,25 +156,30 @@ def test_records_of_an_aborted_transaction_are_read_by_neither_decoder(stack: St
     assert in_jvm.exceptAll(in_python).count() == in_python.exceptAll(in_jvm).count() == 0
 
 
-def _sasl(stack: StackProfile, user: str = KAFKA_SASL_USER) -> Any:
+def _sasl(stack: StackProfile, user: str = KAFKA_SASL_USER, ca_file: Path | None = None) -> Any:
     """The stack's authenticating listener in librdkafka's names, the password by env var."""
     from cdc_platform.config.model import KafkaConfig
 
     return KafkaConfig(
         bootstrap_servers=stack.kafka_sasl_bootstrap,
-        options={"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user},
+        options={
+            "security.protocol": "SASL_SSL",
+            "ssl.ca.location": str(ca_file or stack.kafka_ca_file),
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": user,
+        },
         secret_options_env={"sasl.password": KAFKA_PASSWORD_ENV},
     )
 
 
 def test_a_cluster_that_authenticates_is_read_in_the_jvm_with_the_password_from_the_environment(
-    stack: StackProfile, spark: Any
+    stack: StackProfile, spark: Any, tmp_path: Path
 ) -> None:
-    """Production clusters authenticate their clients. With SASL/SCRAM written as for
-    librdkafka and the password in an environment variable, ``decoder: auto`` still reads
+    """Production clusters speak TLS and authenticate their clients. With SASL_SSL/SCRAM and
+    a CA file written as for librdkafka and the password in an environment variable, ``decoder: auto`` still reads
     with Spark's Kafka source: the same rows as the Python reader, no password in Spark's
-    options, and a user the cluster refuses fails the table as fatal, naming Kafka's
-    credentials (retrying cannot help)."""
+    options. A user the cluster refuses, or a CA that did not sign the broker's certificate,
+    fails the table as fatal, naming the fix (retrying cannot help)."""
     from cdc_platform.kafka.clients import KafkaClients
     from cdc_platform.lake.changelog import decodes_in_jvm
     from cdc_platform.lake.errors import classify_spark_error
@@ -197,8 +204,19 @@ def test_a_cluster_that_authenticates_is_read_in_the_jvm_with_the_password_from_
     options = json.dumps(kafka_source_options(secured, topic, spans))
     assert os.environ[KAFKA_PASSWORD_ENV] not in options and "${env:" + KAFKA_PASSWORD_ENV + "}" in options
 
-    with pytest.raises(Exception) as refused:
-        _decoded(spark, KafkaClients(_sasl(stack, user="nobody")), topic, spans, "jvm").count()
-    error = classify_spark_error(refused.value, "stream apply of shop.public.things")
-    assert isinstance(error, FatalError), error
-    assert "Kafka refused the client's credentials" in str(error) and "kafka.secret_options_env" in str(error)
+    stranger, other_ca = _sasl(stack, user="nobody"), _sasl(stack, ca_file=_another_ca(tmp_path))
+    for refused_by, fix in ((stranger, "Kafka refused the client's credentials"), (other_ca, "TLS handshake")):
+        with pytest.raises(Exception) as refused:
+            _decoded(spark, KafkaClients(refused_by), topic, spans, "jvm").count()
+        error = classify_spark_error(refused.value, "stream apply of shop.public.things")
+        assert isinstance(error, FatalError) and fix in str(error), error
+
+
+def _another_ca(directory: Path) -> Path:
+    """A CA certificate that did not sign the broker's (the JDK's keytool, as the stack's)."""
+    store, pem = directory / "other.p12", directory / "other.pem"
+    for step in (["-genkeypair", "-alias", "o", "-keyalg", "RSA", "-dname", "CN=other"], ["-exportcert", "-rfc",
+                 "-alias", "o", "-file", str(pem)]):  # fmt: skip
+        subprocess.run([keytool(), *step, "-keystore", str(store), "-storepass", "unused"], check=True,
+                       capture_output=True)  # fmt: skip
+    return pem

@@ -132,25 +132,31 @@ def test_a_leader_that_never_comes_is_still_a_retriable_error(kafka: Scripted) -
 
 
 @pytest.mark.parametrize(
-    ("code", "text", "refused"),
+    ("code", "text", "fix"),
     [
         # the broker's answer (SCRAM, then PLAIN), as librdkafka hands it to error_cb
         (KafkaError._AUTHENTICATION, "SASL authentication error: Authentication failed during authentication "
-         "due to invalid credentials with SASL mechanism SCRAM-SHA-512 (after 310ms in state AUTH_REQ)", True),
+         "due to invalid credentials with SASL mechanism SCRAM-SHA-512 (after 310ms in state AUTH_REQ)",
+         r"refused the client's credentials.*kafka\.secret_options_env"),
         (KafkaError._AUTHENTICATION, "SASL authentication error: Authentication failed: Invalid username or "
-         "password (after 2ms in state AUTH_REQ)", True),
-        # a connection lost during the handshake: the same code, retrying can help
+         "password (after 2ms in state AUTH_REQ)", r"refused the client's credentials"),
+        (KafkaError._SSL, "sasl_ssl://127.0.0.1:9094/bootstrap: SSL handshake failed: error:0A000086:SSL "
+         "routines::certificate verify failed: broker certificate could not be verified, verify that "
+         "ssl.ca.location is correctly configured (after 4ms in state SSL_HANDSHAKE)",
+         r"certificate could not be verified; set kafka\.options ssl\.ca\.location"),
+        # a connection lost during a handshake: the same codes, retrying can help
         (KafkaError._AUTHENTICATION, "SASL SCRAM-SHA-512 mechanism handshake failed: Local: Broker transport "
-         "failure: broker's supported mechanisms: (n/a) (after 0ms in state DOWN)", False),
-        (KafkaError._TRANSPORT, "Failed to get metadata: Local: Broker transport failure", False),
+         "failure: broker's supported mechanisms: (n/a) (after 0ms in state DOWN)", None),
+        (KafkaError._SSL, "SSL handshake failed: Disconnected: connection reset by peer", None),
+        (KafkaError._TRANSPORT, "Failed to get metadata: Local: Broker transport failure", None),
     ],
 )  # fmt: skip
-def test_only_the_brokers_refusal_of_the_credentials_is_fatal(code: int, text: str, refused: bool) -> None:
-    kafka = KafkaClients(KafkaConfig(bootstrap_servers="127.0.0.1:9"))
-    assert clients.refused_credentials(KafkaError(code, text)) is refused
+def test_only_the_broker_turning_the_client_away_is_fatal(code: int, text: str, fix: str | None) -> None:
+    kafka = KafkaClients(KafkaConfig(bootstrap_servers="127.0.0.1:9"))  # plaintext: no probe
+    assert (clients.refusal_fix(KafkaError(code, text)) is None) is (fix is None)
     kafka._on_client_error(KafkaError(code, text))
-    if refused:
-        with pytest.raises(FatalError, match=r"refused the client's credentials.*kafka\.secret_options_env"):
+    if fix is not None:
+        with pytest.raises(FatalError, match=fix):
             kafka.raise_if_refused()
         assert isinstance(kafka.unreachable("no answer"), FatalError)
     else:

@@ -34,6 +34,9 @@ logger.state.level = WARN
 # the SASL listener's user; its password is the stack's generated $CDC_KAFKA_PASSWORD
 KAFKA_SASL_USER = "cdc"
 KAFKA_PASSWORD_ENV = "CDC_KAFKA_PASSWORD"  # noqa: S105  # a variable's name, not a password
+# the broker's TLS key store's password: the broker reads it from its environment (Kafka's
+# EnvVarConfigProvider), so it is in no file
+KEYSTORE_PASSWORD_ENV = "CDC_KAFKA_KEYSTORE_PASSWORD"  # noqa: S105  # a variable's name
 SCRAM_ITERATIONS = 4096  # Kafka's minimum for SCRAM-SHA-512
 
 
@@ -71,6 +74,11 @@ def _java() -> str:
     return java
 
 
+def keytool() -> str:
+    """The JDK's keytool, beside the java the stack runs."""
+    return str(Path(_java()).resolve().parent / "keytool")
+
+
 class LocalKafka:
     def __init__(self, profile: StackProfile) -> None:
         self.profile = profile
@@ -80,6 +88,7 @@ class LocalKafka:
         self.log4j = self.root / "log4j2.properties"
         self.log = profile.logs / "kafka.log"
         self.pid_file = profile.pids / "kafka.pid"
+        self.keystore = self.root / "tls" / "broker.p12"
 
     def running_pid(self) -> int | None:
         return recorded_process(self.pid_file, str(self.props))
@@ -96,10 +105,11 @@ class LocalKafka:
                         f"stop it, or run the '{self.profile.name}' profile elsewhere"
                     )
             self.root.mkdir(parents=True, exist_ok=True)
+            self._ensure_certificate(env)
             self._write_config()
             if not (self.data / "meta.properties").exists():
                 self._format()
-            self._start()
+            self._start(env)
             started = True
         self._wait_ready(timeout_s)
         self._set_sasl_password(env[KAFKA_PASSWORD_ENV])
@@ -126,13 +136,18 @@ class LocalKafka:
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{p.kafka_port},SASL://127.0.0.1:{p.kafka_sasl_port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL:SASL_PLAINTEXT",
-            # a listener that authenticates, as production clusters do (SCRAM: the credential
-            # lives in the cluster's metadata, set by _set_sasl_password, not in this file)
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL:SASL_SSL",
+            # a listener as production clusters have: TLS, and clients that authenticate (SCRAM:
+            # the credential lives in the cluster's metadata, set by _set_sasl_password)
             "sasl.enabled.mechanisms": "SCRAM-SHA-512",
             "listener.name.sasl.scram-sha-512.sasl.jaas.config": (
                 "org.apache.kafka.common.security.scram.ScramLoginModule required;"
             ),
+            "ssl.keystore.type": "PKCS12",
+            "ssl.keystore.location": str(self.keystore),
+            "ssl.keystore.password": "${env:" + KEYSTORE_PASSWORD_ENV + "}",
+            "config.providers": "env",
+            "config.providers.env.class": "org.apache.kafka.common.config.provider.EnvVarConfigProvider",
             "log.dirs": str(self.data),
             "num.partitions": "3",
             "offsets.topic.replication.factor": "1",
@@ -197,7 +212,32 @@ class LocalKafka:
                 f"formatting Kafka storage in {self.data} failed:\n{result.stdout[-1500:]}{result.stderr[-1500:]}"
             )
 
-    def _start(self) -> None:
+    def _ensure_certificate(self, env: dict[str, str]) -> None:
+        """The broker's self-signed certificate (for 127.0.0.1 and localhost), made once by
+        the JDK's keytool; its PEM is the CA file clients trust (``profile.kafka_ca_file``)."""
+        if self.keystore.exists() and self.profile.kafka_ca_file.exists():
+            return
+        self.keystore.parent.mkdir(parents=True, exist_ok=True)
+        self.keystore.unlink(missing_ok=True)
+        store = ["-keystore", str(self.keystore), "-storetype", "PKCS12", "-storepass:env", KEYSTORE_PASSWORD_ENV]
+        steps = [
+            ["-genkeypair", "-alias", "broker", "-keyalg", "RSA", "-keysize", "2048", "-validity", "3650",
+             "-dname", "CN=localhost", "-ext", "SAN=ip:127.0.0.1,dns:localhost", "-ext", "BC:c=ca:true"],
+            ["-exportcert", "-rfc", "-alias", "broker", "-file", str(self.profile.kafka_ca_file)],
+        ]  # fmt: skip
+        for step in steps:
+            result = subprocess.run(
+                [keytool(), *step, *store],
+                capture_output=True,
+                text=True,
+                check=False,
+                env={**os.environ, KEYSTORE_PASSWORD_ENV: env[KEYSTORE_PASSWORD_ENV]},
+            )
+            if result.returncode != 0:
+                raise KafkaError(f"keytool {step[0]} for the broker's certificate failed: {result.stderr[-1500:]}")
+        self.keystore.chmod(0o600)  # the key (the password protects it too)
+
+    def _start(self, env: dict[str, str]) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as log:
             proc = subprocess.Popen(
@@ -207,7 +247,7 @@ class LocalKafka:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # survives the CLI that started it; stopped by pid
                 cwd=self.root,
-                env={**os.environ, "KAFKA_HEAP_OPTS": ""},
+                env={**os.environ, "KAFKA_HEAP_OPTS": "", KEYSTORE_PASSWORD_ENV: env[KEYSTORE_PASSWORD_ENV]},
             )
         write_pid(self.pid_file, proc.pid)
 

@@ -54,9 +54,15 @@ class StackProfile:
 
     @property
     def kafka_sasl_port(self) -> int:
-        """The broker's SASL_PLAINTEXT (SCRAM-SHA-512) listener: a client that authenticates,
-        as on a production cluster (user ``KAFKA_SASL_USER``, password ``$CDC_KAFKA_PASSWORD``)."""
+        """The broker's SASL_SSL (SCRAM-SHA-512) listener: TLS and a client that authenticates,
+        as on a production cluster (user ``KAFKA_SASL_USER``, password ``$CDC_KAFKA_PASSWORD``,
+        the broker's certificate in ``kafka_ca_file``)."""
         return self.kafka_port + 2
+
+    @property
+    def kafka_ca_file(self) -> Path:
+        """The PEM certificate clients of the SASL_SSL listener trust (self-signed, made by ``dev up``)."""
+        return self.root / "kafka" / "tls" / "ca.pem"
 
     @property
     def kafka_sasl_bootstrap(self) -> str:

@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass
 
 from cdc_platform.devtools.stack.connect import LocalConnect
-from cdc_platform.devtools.stack.kafka import KAFKA_PASSWORD_ENV, KafkaError, LocalKafka
+from cdc_platform.devtools.stack.kafka import KAFKA_PASSWORD_ENV, KEYSTORE_PASSWORD_ENV, KafkaError, LocalKafka
 from cdc_platform.devtools.stack.mariadb import MARIADB_PASSWORD_ENVS, LocalMariaDB, MariaDBError
 from cdc_platform.devtools.stack.postgres import PASSWORD_ENVS, LocalPostgres, PostgresError
 from cdc_platform.devtools.stack.procs import port_open
@@ -34,7 +34,7 @@ def stack_env(profile: StackProfile) -> dict[str, str]:
             if line.startswith("export ") and "=" in line:
                 name, value = line.removeprefix("export ").split("=", 1)
                 values[name] = value
-    wanted = [*PASSWORD_ENVS.values(), *MARIADB_PASSWORD_ENVS.values(), KAFKA_PASSWORD_ENV]
+    wanted = [*PASSWORD_ENVS.values(), *MARIADB_PASSWORD_ENVS.values(), KAFKA_PASSWORD_ENV, KEYSTORE_PASSWORD_ENV]
     missing = [name for name in wanted if name not in values]
     if missing:
         for name in missing:
@@ -99,7 +99,7 @@ def stack_status(profile: StackProfile) -> dict[str, str]:
     if kafka_pid:
         up = port_open("127.0.0.1", profile.kafka_port)
         status["kafka"] = f"{'up' if up else 'starting'} (pid {kafka_pid}, {profile.kafka_bootstrap}"
-        status["kafka"] += f", SASL/SCRAM {profile.kafka_sasl_bootstrap})"
+        status["kafka"] += f", SASL_SSL/SCRAM {profile.kafka_sasl_bootstrap})"
     else:
         taken = port_open("127.0.0.1", profile.kafka_port)
         status["kafka"] = "down" + (f" (port {profile.kafka_port} used by another process)" if taken else "")
