@@ -68,6 +68,7 @@ def producer_settings() -> dict[str, Any]:
 
 
 PROBE_S = 5.0  # how long a failed question's credential check waits for the broker's answer
+LIST_TRY_S = 1.0  # one try at listing topics; the errors a failed try queued are served before the next
 
 
 CREDENTIALS_FIX = (
@@ -204,9 +205,13 @@ class KafkaClients:
             self._offsets_admin = None
 
     def _offsets_client(self) -> AdminClient:
+        """The kept admin client; a new one first lists the topics (``_topic_names``), so a
+        broker that turns it away is fatal in a second, not after a question's timeout."""
         with self._offsets_lock:
             if self._offsets_admin is None:
-                self._offsets_admin = self.admin()
+                admin = self.admin()
+                self._topic_names(admin)
+                self._offsets_admin = admin
             return self._offsets_admin
 
     def _isolation(self) -> IsolationLevel:
@@ -306,10 +311,7 @@ class KafkaClients:
         from confluent_kafka.cimpl import NewTopic
 
         admin = self.admin()
-        try:
-            existing = set(admin.list_topics(timeout=TIMEOUT_S).topics)
-        except KafkaException as exc:
-            raise self.unreachable(f"Kafka unreachable at {self.kafka.bootstrap_servers}: {exc}") from None
+        existing = self._topic_names(admin)
         k = self.kafka
         wanted = [
             NewTopic(t, num_partitions=k.partitions, replication_factor=k.replication_factor,
@@ -321,6 +323,20 @@ class KafkaClients:
         ]  # fmt: skip
         for topic, future in admin.create_topics(wanted, request_timeout=30).items() if wanted else []:
             _created(topic, future)
+
+    def _topic_names(self, admin: AdminClient) -> set[str]:
+        """The cluster's topics, asked in 1 s tries with the admin client's errors served
+        between them: a broker that turns the client away is fatal within a second or two,
+        not after the whole timeout."""
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            try:
+                return set(admin.list_topics(timeout=LIST_TRY_S).topics)
+            except KafkaException as exc:
+                admin.poll(0)  # error_cb hears why (refused credentials, an unverified certificate)
+                self.raise_if_refused()
+                if time.monotonic() >= deadline:
+                    raise self.unreachable(f"Kafka unreachable at {self.kafka.bootstrap_servers}: {exc}") from None
 
 
 def _created(topic: str, future: Any) -> None:
