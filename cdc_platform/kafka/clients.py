@@ -189,7 +189,9 @@ class KafkaClients:
         delay = ASK_FIRST_BACKOFF_S
         for attempt in range(1, ASK_ATTEMPTS + 1):
             try:
-                return once()
+                answer = once()
+                self.refusal = None  # answered: whatever turned a client away was fixed
+                return answer
             except KafkaException as exc:
                 if _code(exc) not in LEADERSHIP_MOVING or attempt == ASK_ATTEMPTS:
                     given_up()
@@ -331,7 +333,9 @@ class KafkaClients:
         deadline = time.monotonic() + TIMEOUT_S
         while True:
             try:
-                return set(admin.list_topics(timeout=LIST_TRY_S).topics)
+                names = set(admin.list_topics(timeout=LIST_TRY_S).topics)
+                self.refusal = None  # answered: whatever turned a client away was fixed (a user created, say)
+                return names
             except KafkaException as exc:
                 admin.poll(0)  # error_cb hears why (refused credentials, an unverified certificate)
                 self.raise_if_refused()

@@ -165,3 +165,18 @@ def test_only_the_broker_turning_the_client_away_is_fatal(code: int, text: str, 
     else:
         kafka.raise_if_refused()
         assert isinstance(kafka.unreachable("no answer"), RetriableError)
+
+
+def test_a_refusal_is_forgotten_once_kafka_answers_again(kafka: Scripted) -> None:
+    """A long-running process (the Dagster daemon's sensors) keeps its clients: once the
+    operator fixed the cluster's side (created the user, say), a question Kafka answers
+    clears the refusal instead of failing the process forever."""
+    clients_, answers, _, _ = kafka
+    clients_._on_client_error(
+        KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error: Authentication failed")
+    )
+    with pytest.raises(FatalError):
+        clients_.raise_if_refused()
+    answers += [{0: 1, 1: 2}, {0: 7, 1: 9}]  # earliest, end
+    assert clients_.end_offsets("t") == {0: 7, 1: 9}
+    clients_.raise_if_refused()
