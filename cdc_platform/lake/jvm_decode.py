@@ -25,6 +25,7 @@ and refuses any field named twice.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -86,6 +87,16 @@ class ColumnDecoding:
     python_if_null: bool = False
 
 
+def changelog_group_id(bootstrap_servers: str, client: dict[str, str]) -> str:
+    """``cdc_platform.changelog.<digest of the connection's settings>``: Spark keeps one pooled
+    consumer per group and partition and fails a read whose settings differ from the pooled
+    one's ("Kafka parameters for same cache key should be equal"), so one application reading
+    a topic through two listeners or clusters needs a group per setting. The settings hold
+    ``${env:VAR}`` placeholders, never secrets; the digest is stable across processes."""
+    settings = json.dumps([bootstrap_servers, sorted(client.items())])
+    return f"{CHANGELOG_GROUP_ID}.{hashlib.sha256(settings.encode()).hexdigest()[:12]}"
+
+
 def kafka_source_options(kafka: KafkaConfig, topic: str, spans: list[tuple[int, int, int]]) -> dict[str, str]:
     """Spark's Kafka source reading exactly ``[start, end)`` of each partition, with the
     cluster's TLS/SASL settings as Java's client names them (``kafka.java_client``)."""
@@ -98,7 +109,7 @@ def kafka_source_options(kafka: KafkaConfig, topic: str, spans: list[tuple[int, 
         # names a new group per query and keys its pooled consumers by group and partition:
         # every micro-batch opened new consumers and evicted old ones ("Pool exceeds its soft
         # max size"). Nothing is committed: positions live in the ledger, partitions are assigned.
-        "kafka.group.id": CHANGELOG_GROUP_ID,
+        "kafka.group.id": changelog_group_id(kafka.bootstrap_servers, client),
         "assign": json.dumps({topic: [p for p, _, _ in spans]}),
         "startingOffsets": json.dumps({topic: {str(p): s for p, s, _ in spans}}),
         "endingOffsets": json.dumps({topic: {str(p): e for p, _, e in spans}}),

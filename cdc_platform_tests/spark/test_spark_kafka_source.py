@@ -180,6 +180,7 @@ def test_a_cluster_that_authenticates_is_read_in_the_jvm_with_the_password_from_
     with Spark's Kafka source: the same rows as the Python reader, no password in Spark's
     options. A user the cluster refuses, or a CA that did not sign the broker's certificate,
     fails the table as fatal, naming the fix (retrying cannot help)."""
+    from cdc_platform.config.model import KafkaConfig
     from cdc_platform.kafka.clients import KafkaClients
     from cdc_platform.lake.changelog import decodes_in_jvm
     from cdc_platform.lake.errors import classify_spark_error
@@ -201,6 +202,11 @@ def test_a_cluster_that_authenticates_is_read_in_the_jvm_with_the_password_from_
     in_jvm, in_python = (_decoded(spark, kafka, topic, spans, d) for d in ("auto", "python"))
     assert in_jvm.count() == in_python.count() == len(records)
     assert in_jvm.exceptAll(in_python).count() == in_python.exceptAll(in_jvm).count() == 0
+    # the same partitions through the plain listener, in the same application: Spark pools its
+    # consumers by group and partition and refuses one with other settings, so each cluster
+    # setting reads in a group of its own (a source moved to TLS, two listeners, a bench)
+    plain = _decoded(spark, KafkaClients(KafkaConfig(bootstrap_servers=stack.kafka_bootstrap)), topic, spans, "jvm")
+    assert plain.exceptAll(in_python).count() == in_python.exceptAll(plain).count() == 0
     options = json.dumps(kafka_source_options(secured, topic, spans))
     assert os.environ[KAFKA_PASSWORD_ENV] not in options and "${env:" + KAFKA_PASSWORD_ENV + "}" in options
 
