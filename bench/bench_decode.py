@@ -28,13 +28,9 @@ from typing import Any
 
 import bench_lake
 
-from cdc_platform.devtools.demo.workload import app_connect
-from cdc_platform.devtools.lake import Lake
-from cdc_platform.devtools.stack import profile
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake import jvm_decode
 from cdc_platform.lake.session import get_spark_session
-from cdc_platform.sources import CaptureSettings, open_source
 
 
 def fastest(frame: Callable[[], Any], repeats: int) -> float:
@@ -56,23 +52,13 @@ def main() -> None:
     config = bench_lake.prepare(args.rows, tag)
     try:
         spark = get_spark_session(config.spark)
-        lake = Lake(config, spark)
-        key = config.tables[0].key
-        lake.snapshot(key, "g1")  # registers the table's schema, as a generation does
-        settings = CaptureSettings(until_caught_up=True, status_interval_s=3600)
-        open_source(config, "shop").capture(settings).run()
-        with app_connect(profile("dev")) as app:
-            app.execute(f"UPDATE {bench_lake.TABLE} SET amount = amount + 1")
-        open_source(config, "shop").capture(settings).run()
+        _, table, schema = bench_lake.captured_updates(config, spark)
         from pyspark.sql import functions as F
 
-        table = lake.table(key)
         watermarks = KafkaClients(config.kafka).watermarks(table.topic)
         spans = [(p, low, high) for p, (low, high) in watermarks.items()]
         raw = jvm_decode.read_raw(spark, config.kafka, table.topic, spans).cache()
         records = raw.count()
-        schema = lake.ledger.latest_schema(key)
-        assert schema is not None
         envelope = jvm_decode._envelope_wire(schema)
         text = F.col("value").cast("string")
         fastest(lambda: jvm_decode.jvm_decoded(raw, schema, table.encoding), 1)  # code generated and compiled

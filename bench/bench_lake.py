@@ -42,7 +42,8 @@ from cdc_platform.devtools.stack.stack import load_stack_env
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.apply import StreamApply
 from cdc_platform.lake.session import get_spark_session
-from cdc_platform.lake.tables import lake_table
+from cdc_platform.lake.tables import LakeTable, lake_table
+from cdc_platform.model.tables import TableSchema
 from cdc_platform.model.windows import WindowRange
 from cdc_platform.sources import CaptureSettings, open_source
 from cdc_platform.sources.postgres.slot import drop_slot
@@ -104,6 +105,22 @@ def cleanup(config: PlatformConfig, tag: str, tables: Sequence[str] | None = Non
     doomed = [t for t in admin_client.list_topics(timeout=10).topics if f"bench{tag}" in t]
     for future in admin_client.delete_topics(doomed).values() if doomed else []:
         future.result(timeout=30)
+
+
+def captured_updates(config: PlatformConfig, spark: object) -> tuple[Lake, LakeTable, TableSchema]:
+    """The prepared table generated once (which registers its schema), then every row
+    updated once and captured: its topic holds one update per row, for the decode benches."""
+    lake = Lake(config, spark)
+    key = config.tables[0].key
+    lake.snapshot(key, "g1")
+    settings = CaptureSettings(until_caught_up=True, status_interval_s=3600)
+    open_source(config, "shop").capture(settings).run()
+    with app_connect(profile("dev")) as app:
+        app.execute(f"UPDATE {TABLE} SET amount = amount + 1")
+    open_source(config, "shop").capture(settings).run()
+    schema = lake.ledger.latest_schema(key)
+    assert schema is not None
+    return lake, lake.table(key), schema
 
 
 def copy_floor(config: PlatformConfig) -> tuple[int, float]:

@@ -32,15 +32,12 @@ from typing import TYPE_CHECKING
 import bench_lake
 
 from cdc_platform.config.model import KafkaConfig
-from cdc_platform.devtools.demo.workload import app_connect
-from cdc_platform.devtools.lake import Lake
 from cdc_platform.devtools.stack import profile
 from cdc_platform.devtools.stack.kafka import KAFKA_PASSWORD_ENV, KAFKA_SASL_USER
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.changelog import decodes_in_jvm, read_offsets
 from cdc_platform.lake.jvm_decode import jvm_decoded, read_raw
 from cdc_platform.lake.session import get_spark_session
-from cdc_platform.sources import CaptureSettings, open_source
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -83,17 +80,7 @@ def main() -> None:
     config = bench_lake.prepare(args.rows, tag)  # loads the stack's secrets before Spark starts
     try:
         spark = get_spark_session(config.spark)
-        lake = Lake(config, spark)
-        key = config.tables[0].key
-        lake.snapshot(key, "g1")  # registers the table's schema, as a generation does
-        settings = CaptureSettings(until_caught_up=True, status_interval_s=3600)
-        open_source(config, "shop").capture(settings).run()
-        with app_connect(profile("dev")) as app:
-            app.execute(f"UPDATE {bench_lake.TABLE} SET amount = amount + 1")
-        open_source(config, "shop").capture(settings).run()
-        table = lake.table(key)
-        schema = lake.ledger.latest_schema(key)
-        assert schema is not None
+        _, table, schema = bench_lake.captured_updates(config, spark)
         plain, tls = KafkaClients(config.kafka), KafkaClients(secured())
         spans = [(p, low, high) for p, (low, high) in plain.watermarks(table.topic).items()]
         records = sum(high - low for _, low, high in spans)
