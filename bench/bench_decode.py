@@ -52,7 +52,7 @@ def main() -> None:
     config = bench_lake.prepare(args.rows, tag)
     try:
         spark = get_spark_session(config.spark)
-        _, table, schema = bench_lake.captured_updates(config, spark)
+        table, schema = bench_lake.captured_updates(config, spark)
         from pyspark.sql import functions as F
 
         watermarks = KafkaClients(config.kafka).watermarks(table.topic)

@@ -107,7 +107,7 @@ def cleanup(config: PlatformConfig, tag: str, tables: Sequence[str] | None = Non
         future.result(timeout=30)
 
 
-def captured_updates(config: PlatformConfig, spark: object) -> tuple[Lake, LakeTable, TableSchema]:
+def captured_updates(config: PlatformConfig, spark: object) -> tuple[LakeTable, TableSchema]:
     """The prepared table generated once (which registers its schema), then every row
     updated once and captured: its topic holds one update per row, for the decode benches."""
     lake = Lake(config, spark)
@@ -120,7 +120,7 @@ def captured_updates(config: PlatformConfig, spark: object) -> tuple[Lake, LakeT
     open_source(config, "shop").capture(settings).run()
     schema = lake.ledger.latest_schema(key)
     assert schema is not None
-    return lake, lake.table(key), schema
+    return lake.table(key), schema
 
 
 def copy_floor(config: PlatformConfig) -> tuple[int, float]:

@@ -80,7 +80,7 @@ def main() -> None:
     config = bench_lake.prepare(args.rows, tag)  # loads the stack's secrets before Spark starts
     try:
         spark = get_spark_session(config.spark)
-        _, table, schema = bench_lake.captured_updates(config, spark)
+        table, schema = bench_lake.captured_updates(config, spark)
         plain, tls = KafkaClients(config.kafka), KafkaClients(secured())
         spans = [(p, low, high) for p, (low, high) in plain.watermarks(table.topic).items()]
         records = sum(high - low for _, low, high in spans)
