@@ -18,8 +18,9 @@ Why delta-rs and its "lite" mode: Spark's VACUUM lists and joins every file in S
 files"); delta-rs lists the table's directory in the driver in milliseconds. Lite mode
 deletes only files the log records as removed. Its "full" mode (every file the log does
 not name) deleted the *live* deletion-vector files of a Spark-merged table in delta-rs
-1.6.6, leaving it unreadable, so it is never used. What lite mode leaves: a deletion
-vector Spark's MERGE replaced (a few bytes a file); Spark's VACUUM, run by you, takes those.
+1.6.6, leaving it unreadable, so it is never used. What lite mode leaves, the deletion
+vectors Spark's MERGE replaced (one file per batch that merged through Spark),
+``lake/deletion_vectors.py`` deletes from what the table's log says is still in use.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from cdc_platform.lake.deletion_vectors import delete_replaced_vectors
 from cdc_platform.lake.tables import LakeTable
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,7 @@ def vacuum_table(table: LakeTable) -> Vacuumed:
             # property only when the apply next ensures its properties
             hours = table.retain_old_files_hours
             files = DeltaTable(path).vacuum(hours, dry_run=False, enforce_retention_duration=False, full=False)
+            files += delete_replaced_vectors(path, hours)  # lite mode leaves them (lake/deletion_vectors.py)
         except Exception as exc:  # any reason (a feature delta-rs refuses, storage): reported, tried next time
             failures.append(f"{path}: {type(exc).__name__}: {exc}")
             continue

@@ -763,8 +763,13 @@ def test_the_apply_deletes_the_files_its_batches_replaced(one_table_env: Capture
         on_disk = {str(p.relative_to(path)) for p in Path(path).rglob("*.parquet")}
         assert not (replaced & on_disk), sorted(replaced & on_disk)[:5]
         assert live <= on_disk
-    if merge == "spark":  # current's rows replaced by Spark's MERGEs are marked in deletion vectors, kept
-        assert list(Path(table.current_path).glob("deletion_vector_*.bin")), "no deletion vector: nothing proven"
+    if merge == "spark":  # Spark's MERGEs mark replaced rows in deletion vectors; a later MERGE replaces them
+        live_vectors, ever = _vectors(table.current_path, live=True), _vectors(table.current_path, live=False)
+        replaced_vectors = ever - live_vectors
+        assert live_vectors and replaced_vectors, "no deletion vector replaced: nothing proven"
+        vectors_on_disk = {p.name for p in Path(table.current_path).glob("deletion_vector_*.bin")}
+        assert not (replaced_vectors & vectors_on_disk), sorted(replaced_vectors & vectors_on_disk)[:5]
+        assert live_vectors <= vectors_on_disk
     vacuums = [
         r for r in DeltaTable.forPath(spark, table.current_path).history().collect() if "VACUUM" in r["operation"]
     ]
@@ -850,6 +855,40 @@ def _files_ever_added(path: str) -> set[str]:
             if "add" in action:
                 added.add(unquote(action["add"]["path"]))
     return added
+
+
+def _vectors(path: str, *, live: bool) -> set[str]:
+    """The deletion-vector files the table's latest version uses (``live``), or that any
+    commit of its log added, by file name, replayed from the log's JSON commits as the Delta
+    protocol names them (``<z85 of the uuid>`` -> ``deletion_vector_<uuid>.bin``)."""
+    import json
+    import uuid
+
+    alphabet = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+
+    def name(vector: dict[str, Any]) -> str:
+        encoded, raw = vector["pathOrInlineDv"][-20:], b""
+        for group in range(0, 20, 5):  # Z85: five characters, four bytes
+            number = 0
+            for char in encoded[group : group + 5]:
+                number = number * 85 + alphabet.index(char)
+            raw += number.to_bytes(4, "big")
+        return f"deletion_vector_{uuid.UUID(bytes=raw)}.bin"
+
+    added: dict[tuple[str, str], str] = {}
+    ever = set()
+    for commit in sorted(Path(path, "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            action = json.loads(line)
+            for kind in ("add", "remove"):
+                vector = action.get(kind, {}).get("deletionVector")
+                key = (action.get(kind, {}).get("path", ""), json.dumps(vector))
+                if kind == "add":
+                    added[key] = name(vector) if vector and vector["storageType"] == "u" else ""
+                    ever.add(added[key])
+                elif kind in action:
+                    added.pop(key, None)
+    return {n for n in (added.values() if live else ever) if n}
 
 
 def _live_files(path: str) -> set[str]:
