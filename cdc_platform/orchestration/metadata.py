@@ -305,6 +305,26 @@ def history_check_metadata(comparison: ExactComparison) -> Metadata:
     }
 
 
+def history_check_outcome(comparison: ExactComparison, table_key: str) -> tuple[bool, bool, str | None]:
+    """The history check's (passed, warn, description) from its comparison. One that could
+    not compare (``rows`` None: the pin moved, a truncate or too many offsets in flight)
+    warns, as completeness does: passing would show a history nothing verified as green."""
+    rows = comparison.rows
+    if rows is None:
+        return False, True, f"history not compared with current this time, so not verified: {comparison.note}"
+    if not (rows.missing or rows.extra or rows.differing or rows.repeated):
+        return True, False, comparison.note or None
+    return (
+        False,
+        False,
+        (
+            f"history's open versions do not match current ({history_mismatch(comparison)}; see sample_keys). "
+            f"A new generation (cdc-platform rehydrate {table_key}) opens a version for each row that "
+            "differs from its open one and closes the open versions of keys the source no longer holds"
+        ),
+    )
+
+
 def history_mismatch(comparison: ExactComparison) -> str:
     """The history check's failure in words (history is the comparison's "source" side)."""
     rows = comparison.rows or RowComparison()

@@ -81,6 +81,25 @@ def test_the_history_checks_name_each_fault_they_counted_and_only_those() -> Non
     assert history_mismatch(mismatch) == "1 open version(s) that differ from current, 1 key(s) with two open versions"
 
 
+def test_a_history_check_that_could_not_compare_warns_instead_of_passing() -> None:
+    """The history check leaves the comparison out when the pin moved, a truncate is in flight
+    or the in-flight span exceeds its cap. Before, it then passed (green) with only a note,
+    though nothing was compared: a wrong history looked verified. Now it warns, as the
+    completeness check does when it could not compare, and says why; a clean comparison
+    passes and a mismatch fails with ERROR."""
+    from cdc_platform.lake.compare import ExactComparison, RowComparison
+    from cdc_platform.orchestration.metadata import history_check_outcome
+
+    note = "not compared: a truncate is in flight; compare after it is applied"
+    passed, warn, description = history_check_outcome(ExactComparison(note=note), "shop.public.items")
+    assert (passed, warn) == (False, True)
+    assert description is not None and note in description and "history" in description
+    assert history_check_outcome(ExactComparison(rows=RowComparison(compared=5)), "s.t") == (True, False, None)
+    passed, warn, description = history_check_outcome(ExactComparison(rows=RowComparison(compared=5, extra=1)), "s.t")
+    assert (passed, warn) == (False, False)
+    assert description is not None and "cdc-platform rehydrate s.t" in description
+
+
 def test_the_keys_checks_name_each_finding_and_whether_a_generation_repairs_it() -> None:
     """Findings in current (the blocking ``keys`` check) are repaired by the generation the
     rehydration sensor starts; those in the topic and the changelog (``changelog_keys``)

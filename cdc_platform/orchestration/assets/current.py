@@ -53,8 +53,8 @@ from cdc_platform.orchestration.metadata import (
     fresh_check_description,
     fresh_check_metadata,
     history_check_metadata,
+    history_check_outcome,
     history_metadata,
-    history_mismatch,
     is_fresh,
     keys_check_description,
     keys_check_metadata,
@@ -347,22 +347,9 @@ class CurrentStep:
         """History's open versions against current (``lake.compare.compare_history``)."""
         cap = self.table.config.completeness.max_in_flight_offsets
         comparison = compare_history(self.spark, self.ledger, self.kafka.clients(), self.table, schema, cap)
-        rows = comparison.rows
-        passed = rows is None or not (rows.missing or rows.extra or rows.differing or rows.repeated)
-        description = comparison.note or None
-        if not passed:
-            description = (
-                f"history's open versions do not match current ({history_mismatch(comparison)}; see sample_keys). "
-                f"A new generation (cdc-platform rehydrate {self.table.key}) opens a version for each row that "
-                "differs from its open one and closes the open versions of keys the source no longer holds"
-            )
-        return self._check(
-            HISTORY_CHECK,
-            passed,
-            history_check_metadata(comparison),
-            description,
-            asset=history_asset_key(self.table.config),
-        )
+        passed, warn, description = history_check_outcome(comparison, self.table.key)
+        metadata, history = history_check_metadata(comparison), history_asset_key(self.table.config)
+        return self._check(HISTORY_CHECK, passed, metadata, description, warn, asset=history)
 
     def history_chain_check(self, schema: TableSchema) -> dg.AssetCheckResult:
         """History's versions against each other (``lake.compare.history_chain``)."""
