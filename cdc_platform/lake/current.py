@@ -338,9 +338,12 @@ def _rebuild(
     if table.config.history:
         ensure_history_table(spark, table.history_path, frame.schema, _merged_into(table))
     ensure_table_properties(spark, table)
-    return CurrentPosition(committed.generation, dict(watermark.kafka_end_offsets), watermark.position), HistoryResult(
-        0, 0
+    # the source as of the watermark: until a change is applied, freshness runs from its time
+    # (with no time the fresh check found the lag unknown and passed however long changes waited)
+    position = CurrentPosition(
+        committed.generation, dict(watermark.kafka_end_offsets), watermark.position, watermark.taken_at
     )
+    return position, HistoryResult(0, 0)
 
 
 def _apply_windows(

@@ -14,7 +14,8 @@ class CurrentPosition:
     generation: str
     frontier: dict[int, int]
     applied_position: int  # the newest source position applied (the watermark right after a rebuild)
-    last_source_ts: datetime | None = None  # commit time of the newest change applied
+    # commit time of the newest change applied; after a rebuild, the generation's watermark time
+    last_source_ts: datetime | None = None
     rows: int = 0
     updated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     # the newest truncate applied since the generation, (commit position, LSN): an event at

@@ -203,6 +203,30 @@ def test_a_stale_event_after_a_delete_does_not_bring_the_row_back(spark: Any, tm
     assert_merged_by(table.table.current_path, merge_path)
 
 
+def test_a_rebuilt_current_is_as_fresh_as_its_generation_not_of_unknown_lag(spark: Any, tmp_path: Path) -> None:
+    """Current rebuilt from a generation holds the source as of the generation's watermark.
+    Before, its position had no source time until a change was applied, so with offsets
+    waiting the fresh check found its lag unknown and passed: a table whose apply never got
+    past the rebuild looked fresh for as long as it stayed so. Now the rebuild records the
+    watermark's time, and the lag runs from it."""
+    from cdc_platform.lake.current import apply_current, streamed_position
+    from cdc_platform.orchestration.metadata import freshness_lag_s, is_fresh
+    from cdc_platform_tests.spark.synthetic import StreamedTable
+
+    table = StreamedTable(spark, tmp_path, rows=[(1, 1), (2, 2)])
+    committed = table.ledger.committed(table.table.key)
+    assert committed is not None and committed.watermark is not None
+    taken_at = committed.watermark.taken_at
+    rebuilt = apply_current(spark, table.ledger, table.table)
+    assert rebuilt.rebuilt and rebuilt.last_source_ts == taken_at
+    reported = streamed_position(table.ledger, table.table)  # what a Dagster run of the table checks
+    assert reported.last_source_ts == taken_at
+    lag = freshness_lag_s(reported, offsets_behind=5)
+    assert lag is not None and lag >= (datetime.now(UTC) - taken_at).total_seconds() - 1
+    assert not is_fresh(reported, 5, within_s=0.0)  # changes waiting, and the generation is older than that
+    assert is_fresh(reported, 0, within_s=0.0)  # caught up: fresh however old the generation
+
+
 def test_a_column_a_rebuild_dropped_is_added_again_when_the_source_brings_it_back(
     spark: Any, tmp_path: Path, merge_path: str
 ) -> None:
