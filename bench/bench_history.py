@@ -6,12 +6,16 @@ merged the way ``cdc-platform apply`` merges a micro-batch (``apply_decoded``: c
 history at once), three ways in one driver:
 
 * **floor**: the same table without history (current's MERGE alone);
-* **history**: with history (100k open versions);
+* **history**: with history (100k open versions), a history this small sequenced in the
+  driver and merged by delta-rs (``lake.driver_history``);
+* **history through Spark**: the same, with the driver path switched off (Spark's apply,
+  what every history took before, and what a history above ``lake.driver_merge_max_rows`` takes);
 * **long history**: the same, after its history gained ``--closed`` closed versions
-  (older versions of every key, as years of updates leave them).
+  (older versions of every key, as years of updates leave them); above the driver's
+  bound at the default sizes, so Spark's.
 
-Prints the median batch of each, history / floor, and long history / history (the cost
-should follow the batch, not history's length).
+Prints the median batch of each, each history against the floor, and long history against
+history through Spark (the cost should follow the batch, not history's length).
 
 Run: .venv/bin/python bench/bench_history.py [--rows 100000] [--closed 2000000] [--batches 12]
 """
@@ -29,12 +33,14 @@ from bench_merge import WATERMARK, commit_generation, make_config
 
 from cdc_platform.config.model import SparkConfig
 from cdc_platform.devtools.stack.profiles import REPO_ROOT
+from cdc_platform.lake import current
 from cdc_platform.lake.current import apply_current, apply_decoded, summarize
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.session import get_spark_session
 from cdc_platform.lake.tables import LakeTable, lake_table
 
 BATCH = 20
+in_driver = current.apply_history_in_driver
 
 
 def build_table(spark: Any, root: Path, rows: int, history: bool) -> tuple[LakeTable, Ledger]:
@@ -131,21 +137,28 @@ def main() -> None:
         print("warm-up (JIT and Delta's code paths):", flush=True)
         warm, warm_ledger = build_table(spark, Path(tmp) / "warmup", 1000, True)
         time_batches(spark, warm, warm_ledger, 1000, 6)
-        for name, history, closed in (
-            ("floor (no history)", False, 0),
-            ("history", True, 0),
-            (f"long history (+{args.closed} closed versions)", True, args.closed),
-        ):
+        for n, (name, history, closed, driver) in enumerate((
+            ("floor (no history)", False, 0, True),
+            ("history (in the driver)", True, 0, True),
+            ("history through Spark", True, 0, False),
+            (f"long history (+{args.closed} closed versions)", True, args.closed, True),
+        )):  # fmt: skip
             print(f"{name}:", flush=True)
-            table, ledger = build_table(spark, Path(tmp) / name.split()[0] / str(closed), args.rows, history)
+            table, ledger = build_table(spark, Path(tmp) / str(n), args.rows, history)
             if closed:
                 add_closed_versions(spark, table, args.rows, closed)
+            # the driver path off: as if delta-rs had refused the table (its fallback)
+            current.apply_history_in_driver = in_driver if driver else (lambda *_: None)
             medians[name] = settled(time_batches(spark, table, ledger, args.rows, args.batches))
-    floor, short, long = medians.values()
+            current.apply_history_in_driver = in_driver
+    floor, short, by_spark, long = medians.values()
     print(f"\n{BATCH}-change batches into {args.rows} rows, median after warm-up (same run):")
     for name, seconds in medians.items():
         print(f"  {name:<48} {seconds:6.2f} s a batch")
-    print(f"history / floor {short / floor:.2f}; long history / history {long / short:.2f}")
+    print(
+        f"history in the driver / floor {short / floor:.2f}; history through Spark / floor {by_spark / floor:.2f}; "
+        f"long history / history through Spark {long / by_spark:.2f}"
+    )
 
 
 if __name__ == "__main__":

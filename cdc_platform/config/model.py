@@ -442,8 +442,9 @@ class LakeConfig(_Strict):
         "driver (copy on write: the files the batch touches are rewritten) instead of Spark's MERGE with deletion "
         "vectors (~2 s of fixed cost a batch on 2 cores). Raising it trades disk writes for freshness: 10k random "
         "changes into 10M rows take ~2.6 s instead of 5-8 s, but rewrite every file they touch (the old files stay "
-        "until a VACUUM), and the driver holds the touched files' rows while it rewrites them. Unset: 1 000 000; "
-        "0: always Spark.",
+        "until a VACUUM), and the driver holds the touched files' rows while it rewrites them. The same bound "
+        "holds for history: a history of up to this many versions takes a batch of up to 10 000 changes (or one the "
+        "driver holds) in the driver. Unset: 1 000 000; 0: always Spark.",
     )
     driver_batch_max_mb: int = Field(
         default=128,

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdc_platform.lake.crash_points import crash_point
 from cdc_platform.lake.driver_batch import collects_in_driver, within_driver
+from cdc_platform.lake.driver_history import HISTORY_EVENT_COLUMNS, apply_history_in_driver
 from cdc_platform.lake.driver_merge import (
     collected_events,
     collected_latest,
@@ -403,12 +404,30 @@ def merge_changes(
     # changes on 2 cores, docs/benchmarks.md). Leaving the pool waits for both: a failed
     # batch never leaves one of them running while the batch is applied again.
     with ThreadPoolExecutor(1, "history") as pool:
-        history = pool.submit(
-            apply_history, spark, table.history_path, changes, keys, columns, summary.truncate is not None
-        )
+        history = pool.submit(_apply_history, spark, table, changes, keys, columns, summary, arrow)
         result = _merge(spark, table, into_current, keys, columns, summary, guard, current_rows, arrow=arrow)
     result.truncate = summary.truncate
     return result, history.result()
+
+
+def _apply_history(
+    spark: SparkSession, table: LakeTable, changes: DataFrame, keys: list[str], columns: list[str],
+    summary: BatchSummary, arrow: pa.Table | None,
+) -> HistoryResult:  # fmt: skip
+    """The batch into history: sequenced in the driver and merged by delta-rs when history
+    is small and the driver holds the batch's events or may collect them
+    (``driver_history``), else by Spark. ``arrow``: the events, when the driver holds them."""
+    if summary.truncate is None and (arrow is not None or events_collected_whole(summary.changes)):
+        events = arrow
+        if events is None and collects_in_driver(table, summary.changes):
+            events = within_driver(
+                table, f"a batch of {summary.changes} changes for history",
+                lambda: collected_events(changes, HISTORY_EVENT_COLUMNS),
+            )  # fmt: skip
+        applied = None if events is None else apply_history_in_driver(table, events, keys, columns)
+        if applied is not None:
+            return applied
+    return apply_history(spark, table.history_path, changes, keys, columns, summary.truncate is not None)
 
 
 def summarize(changes: DataFrame) -> BatchSummary:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -76,7 +77,7 @@ def merges_in_driver(
         return False
     if changes > DRIVER_MERGE_MAX_CHANGES or not driver_writes(table.current_path):
         return False
-    return all(_plain_name(c) for c in names)
+    return all(plain_name(c) for c in names)
 
 
 def driver_merge_bound(table: LakeTable) -> int:
@@ -143,7 +144,7 @@ def latest_in_driver(changes: pa.Table, keys: list[str], columns: list[str]) -> 
 
     image_type = changes.schema.field("after").type
     names = {image_type.field(i).name: image_type.field(i).type for i in range(image_type.num_fields)}
-    if not all(k in names and _groupable(names[k]) for k in keys) or not all(c in names for c in columns):
+    if not all(k in names and groupable(names[k]) for k in keys) or not all(c in names for c in columns):
         return None
     events = changes.filter(pc.not_equal(changes["op"], "t"))
     if events.num_rows == 0:  # Arrow's kernels refuse columns without chunks; Spark's aggregation takes it
@@ -180,14 +181,14 @@ def latest_in_driver(changes: pa.Table, keys: list[str], columns: list[str]) -> 
 EVENT_ORDER = ("commit_lsn", "lsn", "kafka_partition", "kafka_offset")  # current._latest_per_key's ``__order``
 
 
-def collected_events(batch: DataFrame) -> pa.Table:
-    """The columns of a frame of change events that ``latest_in_driver`` reads, collected.
-    Cast to types whose every field may be NULL first: PySpark's ``toArrow`` refuses a NULL
-    image whose type has a field Spark knows is never NULL (a literal, say)."""
+def collected_events(batch: DataFrame, columns: Sequence[str] = ()) -> pa.Table:
+    """The columns of a frame of change events that ``latest_in_driver`` reads (or
+    ``columns``), collected. Cast to types whose every field may be NULL first: PySpark's
+    ``toArrow`` refuses a NULL image whose type has a field Spark knows is never NULL (a literal, say)."""
     from pyspark.sql import functions as F
 
     fields = {f.name: f.dataType for f in batch.schema.fields}
-    return batch.select(*[F.col(c).cast(_nullable(fields[c])).alias(c) for c in EVENT_COLUMNS]).toArrow()
+    return batch.select(*[F.col(c).cast(_nullable(fields[c])).alias(c) for c in columns or EVENT_COLUMNS]).toArrow()
 
 
 EVENT_COLUMNS = ("op", "commit_lsn", "lsn", "kafka_partition", "kafka_offset", "before", "after", "unavailable")
@@ -205,7 +206,7 @@ def _nullable(kind: Any) -> Any:
     return kind
 
 
-def _groupable(kind: pa.DataType) -> bool:
+def groupable(kind: pa.DataType) -> bool:
     """A key type Arrow's hash grouping compares as Spark's ``groupBy`` does: by value."""
     import pyarrow as pa
 
@@ -288,6 +289,6 @@ def driver_writes(path: str) -> bool:
     return path not in refused and path not in spark_only
 
 
-def _plain_name(name: str) -> bool:
+def plain_name(name: str) -> bool:
     """A column name the merge's SQL can quote as it is."""
     return '"' not in name and "`" not in name

@@ -121,13 +121,15 @@ def test_history_versions_follow_every_change(env: CaptureEnv, spark: Any) -> No
     result = lake.current(items)
     assert result.history is not None
     assert (result.history.versions_opened, result.history.versions_closed) == (6, 6)
-    # the merge marks the versions it closes (deletion vectors): the 50 untouched keys' rows
-    # are not copied, so a batch's cost follows the batch, not the history's length
+    # a history this small is sequenced in the driver and merged by delta-rs (``driver_history``):
+    # it rewrites the file holding the versions it closes, so no deletion vector is left behind.
+    # A bigger one goes through Spark's MERGE, which marks them in deletion vectors instead
     from delta.tables import DeltaTable
 
     merged = DeltaTable.forPath(spark, lake.table(items).history_path).history(1).first()
     assert merged is not None and merged["operation"] == "MERGE", merged
-    assert merged["operationMetrics"]["numTargetRowsCopied"] == "0", merged["operationMetrics"]
+    assert str(merged["engineInfo"]).startswith("delta-rs"), merged
+    assert not list(Path(lake.table(items).history_path).glob("deletion_vector_*.bin"))
     lake.current(docs)
 
     versions = _versions(spark, lake, items)
@@ -236,7 +238,41 @@ def _the_history_check_finds_a_history_that_does_not_match(env: CaptureEnv, lake
     assert history_chain(lake.spark, lake.table(key), ["id"]).faults > 0
 
 
-def test_no_version_starts_before_the_one_it_follows(spark: Any, tmp_path: Path) -> None:
+@pytest.fixture(params=["driver", "spark"], ids=["sequenced in the driver, merged by delta-rs", "applied by Spark"])
+def history_path(request: pytest.FixtureRequest) -> str:
+    """A small history takes a batch in the driver (``lake.driver_history``); a truncate, a
+    big history or a refusal sends it through Spark (``history.apply_history``). Both keep
+    every rule the tests below hold history to."""
+    return str(request.param)
+
+
+def apply_batch(spark: Any, path: str, table: Any, events: Any, keys: list[str], columns: list[str]) -> Any:
+    """``events`` into ``table``'s history along ``path`` as ``current.merge_changes``
+    applies a batch; in the driver, every batch without a truncate must be taken there."""
+    from pyspark.sql import functions as F
+
+    from cdc_platform.lake.driver_history import HISTORY_EVENT_COLUMNS, apply_history_in_driver
+    from cdc_platform.lake.driver_merge import collected_events
+
+    if path == "driver":
+        applied = apply_history_in_driver(table, collected_events(events, HISTORY_EVENT_COLUMNS), keys, columns)
+        if applied is not None:
+            return applied
+        assert events.where(F.col("op") == "t").count() > 0, "the driver refused a batch without a truncate"
+    return apply_history(spark, table.history_path, events, keys, columns)
+
+
+def assert_written_by(path: str, history_path: str) -> None:
+    """History's version commits are delta-rs' on the driver path (some: a truncate's are
+    Spark's) and Spark's on the other (all)."""
+    from deltalake import DeltaTable
+
+    writes = [c for c in DeltaTable(path).history() if c.get("operation") in ("MERGE", "UPDATE")]
+    by_delta_rs = [str(c.get("clientVersion", "")).startswith("delta-rs") for c in writes]
+    assert writes and (any(by_delta_rs) if history_path == "driver" else not any(by_delta_rs)), writes
+
+
+def test_no_version_starts_before_the_one_it_follows(spark: Any, tmp_path: Path, history_path: str) -> None:
     """A generation taken while the table changes corrects history at the snapshot's time.
     An event the snapshot already held, committed just before it but delivered by Kafka
     after the generation's watermark, then closed that correction earlier than it opened:
@@ -257,12 +293,15 @@ def test_no_version_starts_before_the_one_it_follows(spark: Any, tmp_path: Path)
         return table.events(list(events)).withColumn("source_ts", F.lit(t0 + timedelta(seconds=seconds)))
 
     ensure_history_table(spark, path, spark.createDataFrame([], "id long, v long").schema)
-    apply_history(spark, path, at(0, ("c", 1, 1, 100)), keys, columns)
+    apply_batch(spark, history_path, table.table, at(0, ("c", 1, 1, 100)), keys, columns)
     snapshot = spark.createDataFrame([(1, 2)], "id long, v long")  # the snapshot saw the update below
     correction = snapshot_events(spark, path, snapshot, keys, 50, (t0 + timedelta(seconds=60)).isoformat())
-    apply_history(spark, path, correction, keys, columns, truncates=False)
-    apply_history(spark, path, at(30, ("u", 1, 2, 200)), keys, columns)  # committed before it, delivered after
-    apply_history(spark, path, at(40, ("t", 0, 0, 300), ("c", 1, 3, 400)), keys, columns)  # a truncate, then c
+    apply_history(spark, path, correction, keys, columns, truncates=False)  # a generation's: Spark's always
+    # committed before it, delivered after
+    apply_batch(spark, history_path, table.table, at(30, ("u", 1, 2, 200)), keys, columns)
+    # a truncate, then c
+    apply_batch(spark, history_path, table.table, at(40, ("t", 0, 0, 300), ("c", 1, 3, 400)), keys, columns)
+    assert_written_by(path, history_path)
     chain = history_chain(spark, table.table, keys)
     assert chain.versions == 4 and chain.faults == 0, chain
     versions = [
@@ -302,7 +341,9 @@ def test_history_apply_leaves_no_batch_held_in_memory(spark: Any, tmp_path: Path
     assert spark.read.format("delta").load(path).where("is_current").count() == 4  # keys 1, 10, 11, 12
 
 
-def test_history_follows_the_source_through_any_redelivery_and_any_batching(spark: Any, tmp_path: Path) -> None:
+def test_history_follows_the_source_through_any_redelivery_and_any_batching(
+    spark: Any, tmp_path: Path, history_path: str
+) -> None:
     """Model-based, as current's (``spark/test_current.py``): a random history delivered at
     least once, re-sent from earlier points and cut into batches anywhere. After every batch
     history holds one version per change delivered so far, opened and closed at the right
@@ -330,7 +371,7 @@ def test_history_follows_the_source_through_any_redelivery_and_any_batching(spar
     newest = 0
     for batch in batches:
         events, toasted = batch_events(history, batch)
-        apply_history(spark, path, table.events(events, toasted), keys, columns)
+        apply_batch(spark, history_path, table.table, table.events(events, toasted), keys, columns)
         newest = max(newest, *(i + 1 for i in batch))
         rows = spark.read.format("delta").load(path).collect()
         versions = sorted(
@@ -341,3 +382,4 @@ def test_history_follows_the_source_through_any_redelivery_and_any_batching(spar
         assert all(r["is_current"] == (r["_cdc_end_commit_lsn"] is None) for r in rows)
     chain = history_chain(spark, table.table, keys)
     assert chain.faults == 0 and chain.versions == len(versions_after(history, len(history))), chain
+    assert_written_by(path, history_path)
