@@ -62,7 +62,7 @@ log = logging.getLogger("cdc_platform.changelog")
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 # given the columns a window's records carry that the registered schema lacks: the
 # refreshed schema (registered), or None when the source does not know them either
@@ -114,7 +114,7 @@ def materialize_window(
     finally:
         decoded.release()
     if not window.reused:  # fixed once, after the data: later runs reuse exactly these ranges
-        ledger.record_window(table.key, window)
+        ledger.record_window(table.key, window, result.rows + result.dead_letters)
     result.duration_s = round(time.monotonic() - started, 3)
     return result
 
@@ -135,7 +135,7 @@ def materialize_batch(
     try:
         decoded.result = _write_window(spark, table, window, decoded, BatchWrite(batch.number, retry))
         crash_point("apply.changelog_written")
-        ledger.record_window(table.key, window)
+        ledger.record_window(table.key, window, decoded.result.rows + decoded.result.dead_letters)
     except BaseException:
         decoded.release()
         raise
@@ -586,15 +586,33 @@ class ChangelogDay:
     sealed: bool = False
     holes: tuple[str, ...] = ()  # offsets inside a sealed day that no batch covers (must be none)
     records_twice: int = 0  # Kafka records (partition, offset) in a sealed day more than once (must be none)
+    # what the day's batches wrote (the ledger; None: a batch recorded before it was kept)
+    # and the distinct records of their offsets the changelog and dead letters hold (read back)
+    records_written: int | None = None
+    records_held: int | None = None
 
     @property
     def contiguous(self) -> bool:
         return not self.holes
 
     @property
+    def records_missing(self) -> int:
+        """Records the day's batches wrote that the changelog (or its dead letters) no longer
+        holds; negative: records in their offsets that no batch wrote."""
+        if self.records_written is None or self.records_held is None:
+            return 0
+        return self.records_written - self.records_held
+
+    @property
+    def records_counted(self) -> bool:
+        """Whether the day was read back and every batch of it said what it wrote."""
+        return self.records_written is not None and self.records_held is not None
+
+    @property
     def clean(self) -> bool:
-        """Every offset of the day's ranges in it once: none missing, none twice."""
-        return not self.holes and not self.records_twice
+        """Every offset of the day's ranges in it once: none missing, none twice, and every
+        record its batches wrote still there."""
+        return not self.holes and not self.records_twice and not self.records_missing
 
     def plus(self, batch: WindowResult) -> ChangelogDay:
         """The day with one more batch of it (``batch.window_start`` is the batch's key)."""
@@ -629,18 +647,38 @@ def read_day(spark: SparkSession, ledger: Ledger, table: LakeTable, day: str, se
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    windows = ledger.windows(table.key)
+    # the ledger before the tables: a batch appended meanwhile is not recorded yet, and its
+    # offsets (past the recorded ones) are left out of what is counted back
+    windows, written = ledger.windows_with_records(table.key)
     batches = {k: [r.offsets for r in ranges] for k, ranges in windows.items() if is_batch_key(k)}
     keys = [k for k in batches if changelog_partition(k) == day]
     ranges, in_day = partition_coverage(batches, day)
-    events, records_twice = _events_of_day(spark, table, day)
+    recorded = _within(ranges)
+    events, records_twice, distinct = _events_of_day(spark, table, day, recorded)
     dead = 0
     if DeltaTable.isDeltaTable(spark, table.dead_letters_path):
-        dead = spark.read.format("delta").load(table.dead_letters_path).where(F.col("window_start") == day).count()
+        letters = spark.read.format("delta").load(table.dead_letters_path).where(F.col("window_start") == day)
+        dead = letters.where(recorded).select("kafka_partition", "kafka_offset").distinct().count()
     restarts = [g.watermark.kafka_end_offsets for g in ledger.generations(table.key).values()
                 if g.status is GenerationStatus.COMMITTED and g.watermark is not None]  # fmt: skip
     holes = tuple(h.describe() for h in holes_not_restarted(in_day, restarts))
-    return ChangelogDay(table.key, day, len(keys), ranges, events, dead, sealed, holes, records_twice)
+    counts = [written.get(k) for k in keys]
+    records_written = None if None in counts else sum(c or 0 for c in counts)
+    return ChangelogDay(
+        table.key, day, len(keys), ranges, events, dead, sealed, holes, records_twice, records_written, distinct + dead
+    )
+
+
+def _within(ranges: dict[int, tuple[int, int]]) -> Column:
+    """Records (``kafka_partition``, ``kafka_offset``) within ``ranges`` (partition -> first, end)."""
+    from pyspark.sql import functions as F
+
+    inside = F.lit(False)
+    for partition, (first, end) in ranges.items():
+        inside = inside | (
+            (F.col("kafka_partition") == partition) & (F.col("kafka_offset") >= first) & (F.col("kafka_offset") < end)
+        )
+    return inside
 
 
 def copies_of_each_record(changelog: DataFrame) -> DataFrame:
@@ -655,19 +693,28 @@ def copies_of_each_record(changelog: DataFrame) -> DataFrame:
     )
 
 
-def _events_of_day(spark: SparkSession, table: LakeTable, day: str) -> tuple[dict[str, int], int]:
-    """A day's events by op (plus "tombstone"), and how many of its Kafka records it holds
-    more than once (an append that was not idempotent): one aggregation, by record."""
+def _events_of_day(
+    spark: SparkSession, table: LakeTable, day: str, recorded: Column
+) -> tuple[dict[str, int], int, int]:
+    """A day's events by op (plus "tombstone"), how many of its Kafka records it holds more
+    than once (an append that was not idempotent), and how many distinct records of the
+    ``recorded`` offsets it holds: one aggregation, by record."""
     from pyspark.sql import functions as F
 
     changelog = spark.read.format("delta").load(table.changelog_path).where(F.col("window_start") == day)
     by_op = (
         copies_of_each_record(changelog)
+        .withColumn("recorded", recorded)  # a record's offsets: the same for each copy
         .groupBy("op")
-        .agg(F.sum("copies").alias("n"), F.sum((F.col("copies") > 1).cast("int")).alias("twice"))
+        .agg(
+            F.sum("copies").alias("n"),
+            F.sum((F.col("copies") > 1).cast("int")).alias("twice"),
+            F.sum(F.col("recorded").cast("int")).alias("distinct"),
+        )
         .collect()
     )
-    return {r["op"]: int(r["n"]) for r in by_op}, sum(int(r["twice"]) for r in by_op)
+    distinct = sum(int(r["distinct"] or 0) for r in by_op)
+    return {r["op"]: int(r["n"]) for r in by_op}, sum(int(r["twice"]) for r in by_op), distinct
 
 
 def compact_day(spark: SparkSession, table: LakeTable, day: str) -> tuple[int, int]:

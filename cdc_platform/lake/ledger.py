@@ -73,6 +73,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         [
             ("table", pa.string()), ("window", pa.string()), ("window_end", pa.string()), ("partition", pa.int32()),
             ("start", pa.int64()), ("end", pa.int64()), ("recorded_at", _TS),
+            # the Kafka records the whole window wrote (changelog rows, tombstones, dead letters), on
+            # each of its rows; NULL in a ledger from before it was kept
+            ("records", pa.int64()),
         ]
     ),
     "batches": pa.schema(
@@ -171,11 +174,13 @@ class Ledger:
 
     # ------------------------------------------------------------ changelog windows
 
-    def record_window(self, table: str, plan: WindowPlan) -> None:
+    def record_window(self, table: str, plan: WindowPlan, records: int | None = None) -> None:
+        """``plan``'s ranges, fixed once its data is written; ``records``: the Kafka records it
+        wrote (changelog rows, tombstones and dead letters), which the day check counts back."""
         now = datetime.now(UTC)
         rows = [
             {"table": table, "window": plan.key, "window_end": r.window_end, "partition": r.partition,
-             "start": r.start, "end": r.end, "recorded_at": now}
+             "start": r.start, "end": r.end, "recorded_at": now, "records": records}
             for r in plan.ranges
         ]  # fmt: skip
         self._append("windows", rows)
@@ -192,6 +197,16 @@ class Ledger:
 
     def windows(self, table: str) -> dict[str, tuple[WindowRange, ...]]:
         return _windows_of(self._rows("windows", table))
+
+    def windows_with_records(self, table: str) -> tuple[dict[str, tuple[WindowRange, ...]], dict[str, int | None]]:
+        """``windows`` and, from the same read, the records each window wrote (None: not
+        kept when it was recorded)."""
+        rows = self._rows("windows", table)
+        first: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            if row["window"] not in first or row["recorded_at"] < first[row["window"]]["recorded_at"]:
+                first[row["window"]] = row
+        return _windows_of(rows), {window: row["records"] for window, row in first.items()}
 
     # ------------------------------------------------------------ stream batches
 

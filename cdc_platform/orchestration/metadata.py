@@ -258,15 +258,39 @@ def day_check_metadata(day: ChangelogDay) -> Metadata:
         "events": dg.MetadataValue.int(sum(day.events.values())),
         "holes": dg.MetadataValue.int(len(day.holes)),
         "records_twice": dg.MetadataValue.int(day.records_twice),
+        "records_counted": dg.MetadataValue.bool(day.records_counted),
+        "records_written": dg.MetadataValue.int(day.records_written or 0),
+        "records_held": dg.MetadataValue.int(day.records_held or 0),
+        "records_missing": dg.MetadataValue.int(max(day.records_missing, 0)),
         "sample": dg.MetadataValue.json(list(day.holes[:10])),
     }
+
+
+def day_check_outcome(day: ChangelogDay) -> tuple[bool, bool, str | None]:
+    """The day check's (passed, warn, description). A day whose batches did not all say how
+    many records they wrote (recorded by an older version) warns that its records were not
+    counted: its offsets are still checked contiguous and once."""
+    if not day.clean:
+        return False, False, day_check_description(day)
+    if not day.records_counted:
+        return False, True, (
+            f"changelog day {day.day[:10]} of {day.table}: offsets contiguous and each record once, but its records "
+            "were not counted back: some of its batches were recorded before the ledger kept what each wrote (a "
+            "lake written by an older version). Days written from now on are counted"
+        )  # fmt: skip
+    return True, False, None
 
 
 def day_check_description(day: ChangelogDay) -> str | None:
     """What a failed day check found, and the fix for each; None when it passed."""
     if day.clean:
         return None
-    found = counted_in_words((len(day.holes), "hole(s) between batches"), (day.records_twice, "record(s) twice"))
+    found = counted_in_words(
+        (len(day.holes), "hole(s) between batches"),
+        (day.records_twice, "record(s) twice"),
+        (max(day.records_missing, 0), "record(s) its batches wrote no longer in it"),
+        (max(-day.records_missing, 0), "record(s) in its offsets that no batch wrote"),
+    )
     fixes = []
     if day.holes:  # offsets the apply never appended, so never merged either
         fixes.append(f"a hole's changes never reached current: a new generation (cdc-platform rehydrate {day.table})")
@@ -274,6 +298,12 @@ def day_check_description(day: ChangelogDay) -> str | None:
         fixes.append(
             f"rewrite the day without its copies (dropDuplicates on kafka_partition, kafka_offset; Delta replaceWhere "
             f"window_start = '{day.day}'); current and history applied each record once"
+        )
+    if day.records_missing:  # written, then removed or added by something other than the apply
+        fixes.append(
+            f"something other than the apply changed the day: find its commit in the Delta history of "
+            f"{day.table}'s changelog (DESCRIBE HISTORY; the apply's commits carry the batch in userMetadata) and "
+            f"RESTORE the table to the version before it; current and history applied every record when it was read"
         )
     return f"changelog day {day.day[:10]} of {day.table}: {found}. Fix: " + "; ".join(fixes)
 

@@ -52,8 +52,8 @@ from cdc_platform.orchestration.metadata import (
     catch_up_metadata,
     changelog_day_metadata,
     current_metadata,
-    day_check_description,
     day_check_metadata,
+    day_check_outcome,
     fresh_check_description,
     fresh_check_metadata,
     history_metadata,
@@ -262,10 +262,12 @@ class RunlessReporter:
             )
         )
         if day.sealed:  # the day's check, on the partition: a sealed day with a hole or a record twice fails in the UI
+            passed, warn, description = day_check_outcome(day)
             self.emit_check(
                 dg.AssetCheckEvaluation(
-                    asset_key=changelog_asset_key(config), check_name=DAY_CHECK, passed=day.clean,
-                    metadata=day_check_metadata(day), description=day_check_description(day), partition=partition,
+                    asset_key=changelog_asset_key(config), check_name=DAY_CHECK, passed=passed,
+                    metadata=day_check_metadata(day), description=description, partition=partition,
+                    severity=dg.AssetCheckSeverity.WARN if warn else dg.AssetCheckSeverity.ERROR,
                 )
             )  # fmt: skip
 

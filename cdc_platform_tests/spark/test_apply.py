@@ -202,6 +202,9 @@ def _sealing_a_day_compacts_it(lake: Lake, key: str) -> None:
     assert files_before >= 1 and len(after.inputFiles()) == 1
     assert after.exceptAll(before).count() == 0 and before.exceptAll(after).count() == 0
     assert sum(sealed.events.values()) == after.count() and sealed.sealed and sealed.clean, sealed
+    # every record its batches wrote counted back (changelog rows and dead letters)
+    held = after.count() + sealed.dead_letters
+    assert sealed.records_counted and sealed.records_written == sealed.records_held == held, sealed
 
 
 @contextmanager
@@ -324,8 +327,20 @@ def _the_keys_check_reads_the_streamed_changelog(env: CaptureEnv, lake: Lake, ke
     failed = _day_check_run(env, table, day_partition_key(table.config, day))
     assert (failed.passed, failed.metadata["records_twice"].value, failed.metadata["holes"].value) == (False, 1, 0)
     assert failed.description is not None and "1 record(s) twice" in failed.description
+    assert failed.metadata["records_missing"].value == 0  # a copy is not a record more
+    # a record gone from the changelog (a lost file, a stray DELETE): its offsets are still
+    # covered by the batches' ranges, so the day passed; counted back against what its batches
+    # wrote (the ledger keeps it), the day fails
+    other = changelog.where((F.col("window_start") == day) & ~record).first()
+    gone = (F.col("kafka_partition") == other["kafka_partition"]) & (F.col("kafka_offset") == other["kafka_offset"])
+    DeltaTable.forPath(spark, table.changelog_path).delete(gone)
+    lost = _day_check_run(env, table, day_partition_key(table.config, day))
+    assert (lost.passed, lost.metadata["records_missing"].value, lost.metadata["records_counted"].value) == (
+        False, 1, True
+    ), lost.metadata  # fmt: skip
+    assert lost.description is not None and "1 record(s) its batches wrote no longer in it" in lost.description
     sealed = seal_day(spark, lake.ledger, table, day)
-    assert sealed.records_twice == 1 and not sealed.clean, sealed
+    assert sealed.records_twice == 1 and sealed.records_missing == 1 and not sealed.clean, sealed
 
 
 def _day_check_run(env: CaptureEnv, table: Any, partition: str) -> Any:

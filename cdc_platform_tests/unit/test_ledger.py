@@ -233,3 +233,23 @@ def test_a_chunked_generation_keeps_its_plan_and_the_chunks_it_wrote(tmp_path: P
     replanned = ChunkPlan("g1", Watermark(8, {0: 5}, T0 + timedelta(seconds=5)), "h2", 950, 2, ("TRUE",))
     ledger.plan_chunks("s.t", replanned)
     assert ledger.chunk_progress("s.t", "g1") == type(progress)(replanned, frozenset())
+
+
+def test_a_window_records_what_it_wrote_and_an_older_ledger_gains_the_column(tmp_path: Path) -> None:
+    """The day check counts a day's records back against what its batches wrote, from the
+    ledger. A ledger written before the count was kept reads NULL for its windows (counted:
+    not verified) and takes counted windows from then on."""
+    import deltalake
+    import pyarrow as pa
+
+    old_schema = pa.schema([f for f in ledger_module.SCHEMAS["windows"] if f.name != "records"])
+    old_row = {"table": "s.t", "window": "old", "window_end": "", "partition": 0, "start": 0, "end": 5,
+               "recorded_at": datetime.now(UTC)}  # fmt: skip
+    deltalake.write_deltalake(str(tmp_path / "_ledger" / "windows"), pa.Table.from_pylist([old_row], schema=old_schema))
+    ledger = Ledger(str(tmp_path))
+    two_partitions = (WindowRange(0, 5, 9, ""), WindowRange(1, 0, 3, ""))
+    ledger.record_window("s.t", WindowPlan("new", two_partitions, reused=False), records=6)
+    ledger.record_window("s.t", WindowPlan("new", two_partitions, reused=False), records=7)  # a racing second: ignored
+    windows, written = ledger.windows_with_records("s.t")
+    assert windows == ledger.windows("s.t") and set(windows) == {"old", "new"}
+    assert written == {"old": None, "new": 6}

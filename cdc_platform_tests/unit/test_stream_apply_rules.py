@@ -624,7 +624,9 @@ def test_a_running_apply_reports_each_changelog_day_and_seals_it_and_idle_tables
         assert newest.metadata["events_u"].value == 12 and newest.metadata["dead_letters"].value == 3
         assert newest.metadata["sealed"].value is False
         # the next UTC day: the apply sealed this one (whole day, checked contiguous) and is filling the next
-        sealed = ChangelogDay(table.key, DAY, 3, {0: (0, 12)}, {"u": 12, "d": 3}, 3, sealed=True)
+        sealed = ChangelogDay(
+            table.key, DAY, 3, {0: (0, 12)}, {"u": 12, "d": 3}, 3, sealed=True, records_written=18, records_held=18
+        )
         now[0] = 61.0
         report([TableApplied(table.key, sealed=sealed), *batch(4, 12, 13, day="2026-11-26T00:00:00Z")])
         sealed_event, next_day = days()[1], days()[0]
@@ -638,6 +640,17 @@ def test_a_running_apply_reports_each_changelog_day_and_seals_it_and_idle_tables
         failed = _day_checks(instance, changelog)[0]
         assert failed[:2] == ("2026-11-26", False) and "2 record(s) twice" in str(failed[2])
         assert "dropDuplicates on kafka_partition, kafka_offset" in str(failed[2])
+        # a record its batches wrote, gone from the changelog: the day fails (it passed while the records were gone)
+        lost = replace(sealed, day="2026-11-27T00:00:00Z", records_held=17)
+        report([TableApplied(table.key, sealed=lost)])
+        failed = _day_checks(instance, changelog)[0]
+        assert failed[:2] == ("2026-11-27", False) and "1 record(s) its batches wrote no longer in it" in str(failed[2])
+        assert "RESTORE" in str(failed[2])
+        # a day with batches recorded before counts were kept: not verified, so not green
+        uncounted = replace(sealed, day="2026-11-28T00:00:00Z", records_written=None)
+        report([TableApplied(table.key, sealed=uncounted)])
+        warned = _day_checks(instance, changelog)[0]
+        assert warned[:2] == ("2026-11-28", False) and "not counted back" in str(warned[2])
         # a table with nothing to apply is reported every two minutes, caught up: not stale
         now[0] = 400.0
         report([])

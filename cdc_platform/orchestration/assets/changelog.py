@@ -10,7 +10,7 @@ from cdc_platform.lake.changelog import materialize_window, read_day
 from cdc_platform.lake.schema_registry import schema_refresh
 from cdc_platform.orchestration.failures import RETRY_POLICY, failures_mapped
 from cdc_platform.orchestration.keys import DAY_CHECK, changelog_asset_key, group_name, source_asset_key
-from cdc_platform.orchestration.metadata import changelog_metadata, day_check_description, day_check_metadata
+from cdc_platform.orchestration.metadata import changelog_metadata, day_check_metadata, day_check_outcome
 from cdc_platform.orchestration.partitions import changelog_days_partitions, changelog_partitions, day_window_key
 from cdc_platform.orchestration.resources import CdcSparkResource, KafkaResource, LedgerResource, SourcesResource
 
@@ -77,7 +77,8 @@ def _day_check(table: TableConfig) -> dg.AssetChecksDefinition:
         partitions_def=changelog_days_partitions(table),
         description=(
             "Every Kafka offset of the day's micro-batches is in the changelog once: no hole between the batches' "
-            "offset ranges (other than where a generation restarted them) and no record appended twice. "
+            "offset ranges (other than where a generation restarted them), no record appended twice, and every "
+            "record the batches wrote (the ledger's count) still in the changelog or its dead letters. "
             "Reported by the stream apply when it seals the day; a run checks the day again."
         ),
         retry_policy=RETRY_POLICY,
@@ -88,9 +89,11 @@ def _day_check(table: TableConfig) -> dg.AssetChecksDefinition:
         day = day_window_key(context.partition_key)
         with failures_mapped(f"changelog day {context.partition_key} of {table.key}"):
             checked = read_day(pyspark.spark_session, ledger.ledger(), ledger.table(table.key), day)
+        passed, warn, description = day_check_outcome(checked)
         return dg.AssetCheckResult(
-            passed=checked.clean, metadata=day_check_metadata(checked), description=day_check_description(checked)
-        )
+            passed=passed, metadata=day_check_metadata(checked), description=description,
+            severity=dg.AssetCheckSeverity.WARN if warn else dg.AssetCheckSeverity.ERROR,
+        )  # fmt: skip
 
     return every_offset_once
 
