@@ -14,7 +14,7 @@ the merge: 0.3-0.4 s each on two cores for a small batch (docs/benchmarks.md, "L
 and for a warm 200 000-change backlog batch 25-51 % of its time ("Stream apply
 throughput"). A Spark frame of the same rows (``createDataFrame`` from the Arrow table:
 Kafka is not read again) is still there for what Spark writes: a table's first append, a
-schema change, dead letters, history, and Spark's MERGE into a big current.
+schema change, dead letters, a big history, and Spark's MERGE into a big current.
 
 How big a batch's records are in the driver is estimated before it is read: two images
 of current's rows (the uncompressed bytes per row of current's largest Parquet file) plus
@@ -77,7 +77,7 @@ def fits_in_driver(window: WindowPlan, table: LakeTable) -> bool:
     driver: its records (its offsets bound them; compaction only removes some) times their
     estimated size within ``lake.driver_batch_max_mb``. A batch above
     ``DRIVER_BATCH_MIN_RECORDS`` also needs everything after the decode to stay in the
-    driver (current within the driver merge's bound, no history): a Spark MERGE would take
+    driver (current, and history if kept, within the driver merge's bound): a Spark MERGE would take
     the held rows back into the JVM as a local relation instead of a cached frame."""
     from cdc_platform.model.windows import is_batch_key
 
@@ -89,14 +89,18 @@ def fits_in_driver(window: WindowPlan, table: LakeTable) -> bool:
         return records <= DRIVER_BATCH_MIN_RECORDS
     if records * estimate.record_bytes > table.driver_batch_max_bytes:
         return False
-    return records <= DRIVER_BATCH_MIN_RECORDS or _merged_in_driver(table, records, estimate.rows)
+    return records <= DRIVER_BATCH_MIN_RECORDS or _merged_in_driver(table, records, estimate)
 
 
-def _merged_in_driver(table: LakeTable, records: int, current_rows: int | None) -> bool:
-    """Whether a batch of ``records`` is expected to merge by delta-rs (``driver_merge``'s bounds)."""
+def _merged_in_driver(table: LakeTable, records: int, estimate: CurrentEstimate) -> bool:
+    """Whether a batch of ``records`` is expected to merge by delta-rs: into current
+    (``driver_merge``'s bounds) and, for a table with history, into history too
+    (``driver_history``: the same bound on its versions)."""
     bound = driver_merge_bound(table)
-    small = current_rows is not None and current_rows <= bound and records <= DRIVER_MERGE_MAX_CHANGES
-    return small and not table.config.history
+    small = estimate.rows is not None and estimate.rows <= bound and records <= DRIVER_MERGE_MAX_CHANGES
+    if not table.config.history:
+        return small
+    return small and estimate.history_rows is not None and estimate.history_rows <= bound
 
 
 def collects_in_driver(table: LakeTable, rows: int) -> bool:
@@ -167,6 +171,7 @@ def recently_too_big(table: LakeTable) -> bool:
 class CurrentEstimate:
     record_bytes: float | None  # a decoded change record's bytes in the driver; None: unknown yet
     rows: int | None  # current's rows from its log (an upper bound: rows deletion vectors mark count)
+    history_rows: int | None = None  # history's versions, the same way (tables with history)
 
 
 def current_estimate(table: LakeTable) -> CurrentEstimate:
@@ -177,13 +182,14 @@ def current_estimate(table: LakeTable) -> CurrentEstimate:
         cached = _estimated.get(path)
     if cached is None or now - cached[0] >= ESTIMATE_TTL_S:
         row, rows = row_bytes(path)
-        cached = (now, CurrentEstimate(None if row is None else 2 * row + RECORD_OVERHEAD_BYTES, rows))
+        versions = table_rows(table.history_path) if table.config.history else None
+        cached = (now, CurrentEstimate(None if row is None else 2 * row + RECORD_OVERHEAD_BYTES, rows, versions))
         with _sizes_lock:
             _estimated[path] = cached
     with _sizes_lock:
         held = _held.get(path)
     known = [b for b in (cached[1].record_bytes, held) if b is not None]
-    return CurrentEstimate(max(known) if known else None, cached[1].rows)
+    return CurrentEstimate(max(known) if known else None, cached[1].rows, cached[1].history_rows)
 
 
 def remember_held(table: LakeTable, records: pa.Table) -> None:
@@ -192,6 +198,21 @@ def remember_held(table: LakeTable, records: pa.Table) -> None:
     if records.num_rows:
         with _sizes_lock:
             _held[table.current_path] = records.nbytes / records.num_rows
+
+
+def table_rows(path: str) -> int | None:
+    """The Delta table's rows from its log (an upper bound, as ``row_bytes``'); None: no table."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    try:
+        if not DeltaTable.is_deltatable(path):
+            return None
+        return int(pc.sum(pa.table(DeltaTable(path).get_add_actions(flatten=True))["num_records"]).as_py() or 0)
+    except Exception as exc:  # object storage without local access: no estimate, Spark's jobs
+        log.debug("no row count for %s: %s", path, exc)
+        return None
 
 
 def row_bytes(path: str) -> tuple[float | None, int | None]:

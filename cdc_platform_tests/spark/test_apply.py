@@ -801,8 +801,11 @@ def test_a_backlog_batch_of_a_small_table_is_held_in_the_driver(one_table_env: C
     decoded into the driver in one Spark job and appended to the changelog by delta-rs (Spark
     appends whatever the driver does not hold, above 10 000 rows), and current still equals
     the source. With the old bound (10 000 records) delta-rs does not append it: this fails.
+    The table keeps a history, small too: the batch's versions are sequenced in the driver
+    and merged by delta-rs (before, a table with history never held a batch this big).
     Kafka speaks TLS and authenticates here (SASL_SSL/SCRAM), and the records are still read by Spark's Kafka source."""
     env = one_table_env
+    env.configure_table("items", "history: true")
     lake, keys = Lake(env.config, spark), _keys(env)
     table = lake.table(keys[0])
     assert decodes_in_jvm(table, env.config.kafka)
@@ -827,6 +830,13 @@ def test_a_backlog_batch_of_a_small_table_is_held_in_the_driver(one_table_env: C
     engines = [str(r["engineInfo"]) for r in history if r["userMetadata"] == identity]
     assert len(engines) == 1 and engines[0].startswith("delta-rs"), (identity, engines)
     assert_current_equals_source(lake, keys, at_least=11_999)
+    versions = big[0].current.history if big[0].current is not None else None
+    assert versions is not None and versions.versions_opened >= 12_000, big[0]
+    last = DeltaTable.forPath(spark, table.history_path).history(1).first()
+    assert last["operation"] == "MERGE" and str(last["engineInfo"]).startswith("delta-rs"), last
+    chain = history_chain(spark, table, ["id"])
+    open_versions = spark.read.format("delta").load(table.history_path).where("is_current").count()
+    assert chain.faults == 0 and open_versions == lake.read_current(keys[0]).count(), chain
 
 
 def test_a_batch_too_big_for_the_driver_is_applied_by_spark_not_retried_forever(

@@ -197,17 +197,25 @@ def test_a_backlog_batch_of_narrow_rows_is_held_in_the_driver_and_a_wide_one_is_
 
 
 def test_a_backlog_batch_is_held_only_where_the_merge_stays_in_the_driver(tmp_path: Any) -> None:
-    """Above 10 000 records the batch is held only when delta-rs merges it (current within
-    ``lake.driver_merge_max_rows``, no history): a Spark MERGE would ship the rows back."""
+    """Above 10 000 records the batch is held only when delta-rs merges it (current, and
+    history if the table keeps one, within ``lake.driver_merge_max_rows``): a Spark MERGE
+    would ship the rows back."""
+    from deltalake import write_deltalake
+
     from cdc_platform.lake.driver_batch import fits_in_driver
 
     _fresh_estimates()
     _current(_table(tmp_path), 1000, 10)
     assert fits_in_driver(_batch(50_000), _table(tmp_path))
     assert not fits_in_driver(_batch(50_000), _table(tmp_path, driver_merge_max_rows=999))
-    assert not fits_in_driver(_batch(50_000), _table(tmp_path, history=True))
+    assert not fits_in_driver(_batch(50_000), _table(tmp_path, history=True))  # no history yet: not known small
     assert fits_in_driver(_batch(10_000), _table(tmp_path, history=True))  # a micro-batch: held as before
     assert not fits_in_driver(_batch(200_001), _table(tmp_path))  # more than the driver merge takes
+    write_deltalake(_table(tmp_path).history_path, pa.table({"id": list(range(1500))}))
+    _fresh_estimates()
+    assert fits_in_driver(_batch(50_000), _table(tmp_path, history=True))  # history small too: all in the driver
+    _fresh_estimates()
+    assert not fits_in_driver(_batch(50_000), _table(tmp_path, history=True, driver_merge_max_rows=1200))
 
 
 def test_without_current_a_record_count_bounds_the_batch_and_a_held_batch_teaches_its_size(tmp_path: Any) -> None:
