@@ -118,13 +118,14 @@ def apply_history_in_driver(
         bound = driver_merge_bound(table)
         if bound <= 0 or target.count() > bound or not delta_rs_writes(target, table.key, path, "history merged"):
             return None
-        times = arrow_schema_of(target).field("valid_from").type  # a held batch's may lack the zone
+        schema = arrow_schema_of(target)
+        times = schema.field("valid_from").type  # a held batch's may lack the zone
         keyed = keyed.set_column(keyed.schema.get_field_index("source_ts"), "source_ts", keyed["source_ts"].cast(times))
         carried_by_all = all(not u for u in keyed["unavailable"].to_pylist())
-        history = _history_of(target, keys, [] if carried_by_all else columns, keyed)
+        history = _history_of(target, schema, keys, [] if carried_by_all else columns, keyed)
         versions = _sequence(keyed, history, keys, columns)
         if versions.opened or versions.closed:
-            _merge(target, _merge_source(target, keyed, history, versions, keys, columns), keys, columns)
+            _merge(target, _merge_source(schema, keyed, history, versions, keys, columns), keys, columns)
     except Exception as exc:  # Spark applies the batch instead (again harmless: see the module's docstring)
         refuse(table.key, path, "history merged", f"{type(exc).__name__}: {exc}")
         return None
@@ -163,13 +164,12 @@ class _History:
     known: dict[Key, _Known]
 
 
-def _history_of(target: Any, keys: list[str], columns: list[str], keyed: pa.Table) -> _History:
+def _history_of(target: Any, schema: pa.Schema, keys: list[str], columns: list[str], keyed: pa.Table) -> _History:
     """History's versions of the batch's keys: per key its newest position, last time and
     open version (``history._unseen_events``' aggregation)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    schema = arrow_schema_of(target)
     names = list(dict.fromkeys([*keys, *POSITIONS, *columns]))
     reader = target.scan(columns=names, predicate=_key_predicate(keys, keyed))
     rows = pa.table(reader.read_all()).select(names)
@@ -289,14 +289,13 @@ def _greatest(a: datetime | None, b: datetime | None) -> datetime | None:
 
 
 def _merge_source(
-    target: Any, keyed: pa.Table, history: _History, versions: _Versions, keys: list[str], columns: list[str]
+    schema: pa.Schema, keyed: pa.Table, history: _History, versions: _Versions, keys: list[str], columns: list[str]
 ) -> pa.Table:
     """The versions as the merge's source, in history's own types: ``__kind``, ``__k_i``
     (keys), ``__c_j`` (columns), then history's position and time columns."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    schema = arrow_schema_of(target)
     event_rows = pa.array(versions.key_event, pa.int64())
     out: dict[str, Any] = {"__kind": pa.array(["close" if c else "insert" for c in versions.close], pa.string())}
     for i, k in enumerate(keys):

@@ -201,12 +201,8 @@ class Ledger:
     def windows_with_records(self, table: str) -> tuple[dict[str, tuple[WindowRange, ...]], dict[str, int | None]]:
         """``windows`` and, from the same read, the records each window wrote (None: not
         kept when it was recorded)."""
-        rows = self._rows("windows", table)
-        first: dict[str, dict[str, Any]] = {}
-        for row in rows:
-            if row["window"] not in first or row["recorded_at"] < first[row["window"]]["recorded_at"]:
-                first[row["window"]] = row
-        return _windows_of(rows), {window: row["records"] for window, row in first.items()}
+        first = _first_recordings(self._rows("windows", table))
+        return _ranges_of(first), {window: row["records"] for (window, _), row in first.items()}
 
     # ------------------------------------------------------------ stream batches
 
@@ -469,11 +465,20 @@ def _chunk_row(table: str, generation: str, kind: str, chunk: int, plan: str | N
 
 def _windows_of(rows: Iterable[dict[str, Any]]) -> dict[str, tuple[WindowRange, ...]]:
     """Window key -> its ranges; a window recorded twice (a race) keeps its first recording."""
+    return _ranges_of(_first_recordings(rows))
+
+
+def _first_recordings(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """(window, partition) -> its row of the window's first recording (a race records twice)."""
     first: dict[tuple[str, int], dict[str, Any]] = {}
     for row in rows:
         slot = (row["window"], row["partition"])
         if slot not in first or row["recorded_at"] < first[slot]["recorded_at"]:
             first[slot] = row
+    return first
+
+
+def _ranges_of(first: dict[tuple[str, int], dict[str, Any]]) -> dict[str, tuple[WindowRange, ...]]:
     out: dict[str, list[WindowRange]] = {}
     for (window, partition), row in sorted(first.items()):
         out.setdefault(window, []).append(WindowRange(partition, row["start"], row["end"], row["window_end"]))
