@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -106,20 +107,23 @@ def dagster_home_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="session", autouse=True)
 def no_secret_in_anything_the_suite_wrote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """After every test: the stack's passwords appear in no file the suite produced —
-    Dagster instances (runs, events, compute logs), lakes, ledgers, configs, service and
-    process logs — except the 0600 secrets file the stack keeps them in."""
+    """After every test: the stack's passwords (and the S3 store's secret key) appear in no
+    file the suite produced — Dagster instances (runs, events, compute logs), lakes (local
+    and on the S3 store), ledgers, configs, service and process logs — except the 0600
+    secrets file the stack keeps them in."""
     yield
     from cdc_platform.devtools.stack.kafka import KAFKA_PASSWORD_ENV
     from cdc_platform.devtools.stack.mariadb import MARIADB_PASSWORD_ENVS
     from cdc_platform.devtools.stack.postgres import PASSWORD_ENVS
+    from cdc_platform.devtools.stack.s3proxy import SECRET_ACCESS_KEY_ENV, LocalS3Store
 
-    names = [*PASSWORD_ENVS.values(), *MARIADB_PASSWORD_ENVS.values(), KAFKA_PASSWORD_ENV]
+    names = [*PASSWORD_ENVS.values(), *MARIADB_PASSWORD_ENVS.values(), KAFKA_PASSWORD_ENV, SECRET_ACCESS_KEY_ENV]
     secrets = [os.environ[name].encode() for name in names if os.environ.get(name)]
     if not secrets:
         return  # no stack was used (the fast layer)
     profile = PROFILES[TEST_PROFILE]
-    leaks = _files_holding([tmp_path_factory.getbasetemp(), profile.logs], secrets, skip={profile.env_file})
+    roots = [tmp_path_factory.getbasetemp(), profile.logs, LocalS3Store(profile).data]  # and lakes on the S3 store
+    leaks = _files_holding(roots, secrets, skip={profile.env_file})
     assert not leaks, "a password was written where it must never be:\n" + "\n".join(leaks[:20])
 
 
@@ -229,6 +233,20 @@ def spark_cluster(stack: StackProfile) -> Iterator[Any]:
     cluster = LocalSparkCluster(stack)
     with _started_on_demand(cluster, SparkClusterError, "the Spark cluster"):
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def s3_store(stack: StackProfile) -> Iterator[Any]:
+    """An S3-compatible store (S3Proxy) on the test stack, started on first use and stopped
+    afterwards if this session started it. Yields the ``LocalS3Store``; a config's lake
+    names it with ``root: s3a://…`` and ``s3: {endpoint: …}``."""
+    from cdc_platform.devtools.stack.s3proxy import LocalS3Store, S3StoreError
+
+    store = LocalS3Store(stack)
+    if store.running_pid() is None:  # nobody uses it: earlier sessions' lakes go (this one's stay for the secret scan)
+        shutil.rmtree(store.data, ignore_errors=True)
+    with _started_on_demand(store, S3StoreError, "the S3 store (S3Proxy)"):
+        yield store
 
 
 @pytest.fixture

@@ -87,6 +87,7 @@ resolve_all_jars() {
   resolve_jars spark
   resolve_jars connect   # Kafka Connect worker (test stack: the Debezium producer)
   resolve_jars debezium  # the Debezium PostgreSQL connector, on the worker's classpath
+  resolve_jars s3proxy   # an S3-compatible store (test stack: the s3a:// lake)
 }
 # The jars download while pip installs (both wait on the network, not the CPU): on a fresh
 # machine that saves minutes. One mvn at a time, as Maven's local repository is not safe

@@ -141,7 +141,7 @@ def verify(args: argparse.Namespace, loaded: Loaded) -> int:
         config.sources[name].password(name)
     kafka, ledger = KafkaClients(config.kafka), Ledger(config.lake.root)
     sources = open_sources(config, kafka)
-    spark = get_spark_session(config.spark, "cdc_platform_verify")
+    spark = get_spark_session(config.spark, "cdc_platform_verify", config.lake)
 
     def context(table: LakeTable) -> VerifyContext:
         return VerifyContext(spark, ledger, sources[table.source], kafka, log=lambda m: print(m, file=sys.stderr))

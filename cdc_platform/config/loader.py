@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from cdc_platform.config.model import JdbcSource, PlatformConfig, PostgresSource
+from cdc_platform.lake.object_store import prepare_lake_environment
 
 SOURCE_MODELS: dict[str, type[BaseModel]] = {"postgres": PostgresSource, "jdbc": JdbcSource}
 
@@ -55,7 +56,11 @@ def load_config(path: str | os.PathLike[str] | None = None) -> PlatformConfig:
         config = PlatformConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(config_path, _describe(exc, node, config_path)) from None
-    return _resolve_paths(config, config_path)
+    config = _resolve_paths(config, config_path)
+    # every process that reads the config reads the lake: delta-rs (the ledger, the driver's
+    # merges) opens it with the process's AWS_* variables, set here from lake.s3
+    prepare_lake_environment(config.lake)
+    return config
 
 
 def _repeated_keys(node: yaml.Node | None, at: tuple[str, ...], name: str) -> list[str]:

@@ -425,10 +425,51 @@ class KafkaConfig(_Strict):
         return config
 
 
+# a lake on a local disk (a path or file://) or on an S3-compatible store (Hadoop's S3A)
+LAKE_SCHEMES = ("file", "s3a")
+
+
+class S3Config(_Strict):
+    """An S3-compatible store for a lake whose root is ``s3a://bucket/prefix``: AWS S3 with its
+    defaults, or any store that speaks S3 (an endpoint of its own, usually path-style). Spark
+    reaches it through Hadoop's S3A, delta-rs (the ledger, the driver's merges) through its own
+    client; both are configured from here, so the two never disagree."""
+
+    endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^/\s]+/?$",
+        description="e.g. http://127.0.0.1:9444 for a store of your own; unset: AWS S3 in `region`",
+    )
+    region: str = Field(default="us-east-1", min_length=1)
+    path_style: bool = Field(
+        default=False,
+        description="true: http://endpoint/bucket/key (most S3-compatible stores); false: bucket.endpoint",
+    )
+    access_key_id_env: EnvVarName | None = Field(
+        default=None,
+        description="Environment variable holding the access key id; unset (with secret_access_key_env): the "
+        "AWS default credentials (environment, profile, instance or pod role) on every process and executor",
+    )
+    secret_access_key_env: EnvVarName | None = Field(
+        default=None, description="Environment variable holding the secret access key (never the key itself)."
+    )
+
+    @model_validator(mode="after")
+    def _keys_together(self) -> S3Config:
+        if (self.access_key_id_env is None) != (self.secret_access_key_env is None):
+            raise ValueError(
+                "set both access_key_id_env and secret_access_key_env, or neither (the AWS default credentials)"
+            )
+        return self
+
+
 class LakeConfig(_Strict):
     """Where the Delta tables live: a local path (relative to the config file) or a URI."""
 
     root: str = Field(min_length=1, description="e.g. .cdc/dev/lake, /data/lake, s3a://bucket/lake")
+    s3: S3Config | None = Field(
+        default=None, description="The S3-compatible store of an s3a:// root (endpoint, region, credentials)."
+    )
     deletion_vectors: bool = Field(
         default=True,
         description="Current and history tables use Delta deletion vectors: a MERGE marks replaced rows instead of "
@@ -477,6 +518,20 @@ class LakeConfig(_Strict):
         "(delta-rs VACUUM in the driver, milliseconds a table on a local disk; a scheduled run does it on its "
         "first pass). null: never (run VACUUM yourself, or the lake's disk use grows with every batch).",
     )
+
+    @model_validator(mode="after")
+    def _known_store(self) -> LakeConfig:
+        scheme = self.root.split("://", 1)[0].lower() if "://" in self.root else "file"
+        if scheme == "s3":
+            raise ValueError(f"root {self.root!r}: write s3a://… (Hadoop's S3A client; delta-rs reads it too)")
+        if scheme not in LAKE_SCHEMES:
+            raise ValueError(
+                f"root {self.root!r}: the lake runs on a local path or an S3-compatible store (s3a://bucket/prefix); "
+                f"'{scheme}://' is not supported"
+            )
+        if self.s3 is not None and scheme != "s3a":
+            raise ValueError(f"lake.s3 is set but root {self.root!r} is not on S3; remove lake.s3 or use s3a://")
+        return self
 
 
 class SparkConfig(_Strict):
@@ -780,6 +835,23 @@ class PlatformConfig(_Strict):
                     f"{table.source}/{table.dagster_name}; set asset_name on one of them"
                 )
             seen[ident] = table.name
+        return self
+
+    @model_validator(mode="after")
+    def _one_writer_per_table_on_object_storage(self) -> PlatformConfig:
+        """Spark's Delta on S3 keeps two commits to one table apart only within one driver (its
+        single-driver log store): the windows engine's runs, two drivers at a time, could each
+        commit the same version of a changelog or current, and one commit would be lost. The
+        stream engine writes each table from one driver, under the source's lease."""
+        if self.lake.s3 is None and not self.lake.root.lower().startswith("s3a://"):
+            return self
+        for name, source in sorted(self.sources.items()):
+            if source.apply.engine is ApplyEngine.WINDOWS:
+                raise ValueError(
+                    f"sources.{name}.apply.engine: windows runs a Spark driver per changelog window, and on object "
+                    f"storage (lake.root {self.lake.root}) two drivers committing to one Delta table can lose a "
+                    f"commit; set sources.{name}.apply.engine: stream (one driver per source writes its tables)"
+                )
         return self
 
     def table(self, key: str) -> TableConfig:

@@ -423,7 +423,10 @@ tables:
         config = self.config
         kafka = KafkaClients(config.kafka)
         ctx = VerifyContext(
-            get_spark_session(config.spark), Ledger(config.lake.root), open_source(config, "shop", kafka), kafka
+            get_spark_session(config.spark, lake=config.lake),
+            Ledger(config.lake.root),
+            open_source(config, "shop", kafka),
+            kafka,
         )
         rows = mismatches = 0
         tables = [lake_table(config, t) for t in self.tables]
@@ -441,7 +444,7 @@ tables:
         from cdc_platform.lake.session import get_spark_session
 
         config = self.config
-        spark = get_spark_session(config.spark)
+        spark = get_spark_session(config.spark, lake=config.lake)
         ledger, dead_total, balanced = Ledger(config.lake.root), 0, True
         for table in self.tables:
             lake = lake_table(config, table)

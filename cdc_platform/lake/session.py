@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdc_platform.config.model import SparkConfig
+from cdc_platform.config.model import LakeConfig, SparkConfig
+from cdc_platform.lake.object_store import give_session_object_store, spark_s3a_conf
 from cdc_platform.model.errors import FatalError
 
 if TYPE_CHECKING:
@@ -83,7 +84,9 @@ def prepare_spark_environment() -> None:
 DELTA_LOG_CACHE_SIZE = 64
 
 
-def session_conf(spark: SparkConfig) -> dict[str, str]:
+def session_conf(spark: SparkConfig, lake: LakeConfig | None = None) -> dict[str, str]:
+    """The platform's Spark conf; with ``lake``, also its object store's (never its secrets:
+    ``give_session_object_store`` adds those once the session runs)."""
     conf = {
         **jar_settings(spark),
         "spark.master": spark.master,
@@ -121,6 +124,8 @@ def session_conf(spark: SparkConfig) -> dict[str, str]:
     if _local(spark.master):
         conf.update(LOCAL_MODE_CONF)
         conf["spark.sql.shuffle.partitions"] = str(SHUFFLE_PARTITIONS_PER_LOCAL_THREAD * local_threads(spark.master))
+    if lake is not None and lake.s3 is not None:
+        conf.update(spark_s3a_conf(lake.s3))
     conf.update(spark.conf)  # the user's settings win
     options = driver_java_options(spark)
     if options:
@@ -136,10 +141,10 @@ def session_conf(spark: SparkConfig) -> dict[str, str]:
 LONG_RUNNING_DRIVER_MEMORY = "2g"
 
 
-def long_running_conf(spark: SparkConfig) -> dict[str, str]:
+def long_running_conf(spark: SparkConfig, lake: LakeConfig | None = None) -> dict[str, str]:
     """``session_conf`` for a process that applies for days: a larger driver heap unless the
     config sets one (``spark.conf``)."""
-    conf = session_conf(spark)
+    conf = session_conf(spark, lake)
     conf.setdefault("spark.driver.memory", LONG_RUNNING_DRIVER_MEMORY)
     return conf
 
@@ -267,19 +272,21 @@ LOCAL_MODE_CONF = {
 SHUFFLE_PARTITIONS_PER_LOCAL_THREAD = 2
 
 
-def get_spark_session(spark: SparkConfig, app_name: str | None = None) -> SparkSession:
+def get_spark_session(spark: SparkConfig, app_name: str | None = None, lake: LakeConfig | None = None) -> SparkSession:
+    """The platform's session; pass ``lake`` when the lake may be on object storage."""
     from pyspark.sql import SparkSession
 
     check_jars(spark)
     prepare_spark_environment()
     builder = SparkSession.builder
-    for key, value in session_conf(spark).items():
+    for key, value in session_conf(spark, lake).items():
         builder = builder.config(key, value)
     if app_name:
         builder = builder.appName(app_name)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     quiet_known_noise(session)
+    give_session_object_store(session, lake)
     return session
 
 

@@ -16,6 +16,7 @@ from pydantic import PrivateAttr
 from cdc_platform.config import PlatformConfig, load_config
 from cdc_platform.kafka.clients import KafkaClients
 from cdc_platform.lake.ledger import Ledger
+from cdc_platform.lake.object_store import give_session_object_store
 from cdc_platform.lake.session import (
     check_jars,
     long_running_conf,
@@ -87,16 +88,19 @@ class CdcSparkResource(LazyPySparkResource):
     def _init_session(self) -> None:
         if self._spark_session is not None:
             return
-        check_jars(cached_config(self.config_path).spark)
+        config = cached_config(self.config_path)
+        check_jars(config.spark)
         prepare_spark_environment()
         super()._init_session()
         quiet_known_noise(self.spark_session)  # set now: the property does not come back here
+        give_session_object_store(self.spark_session, config.lake)
 
     @classmethod
     def for_config(cls, config_path: str, long_running: bool = False) -> CdcSparkResource:
         """``long_running``: the stream apply's process (a larger driver heap, ``lake.session``)."""
-        spark = cached_config(config_path).spark
-        return cls(config_path=config_path, spark_config=(long_running_conf if long_running else session_conf)(spark))
+        config = cached_config(config_path)
+        conf = (long_running_conf if long_running else session_conf)(config.spark, config.lake)
+        return cls(config_path=config_path, spark_config=conf)
 
 
 def platform_resources(config_path: str) -> dict[str, Any]:

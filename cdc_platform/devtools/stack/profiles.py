@@ -28,6 +28,8 @@ class StackProfile:
     # a Spark standalone master's port (started on demand, see stack/spark_cluster.py); its web
     # UI, the worker's port and the worker's UI take the next three
     spark_master_port: int
+    # an S3-compatible store's port (S3Proxy, started on demand, see stack/s3proxy.py)
+    s3_port: int
     # fsync off makes the throwaway test cluster several times faster; never for dev data
     pg_fsync: bool = True
 
@@ -86,6 +88,7 @@ PROFILES = {
         mariadb_port=3307,
         connect_port=8083,
         spark_master_port=7077,
+        s3_port=9444,
     ),
     "test": StackProfile(
         "test",
@@ -95,6 +98,7 @@ PROFILES = {
         mariadb_port=3308,
         connect_port=8183,
         spark_master_port=7177,
+        s3_port=9544,
         pg_fsync=False,
     ),
     # the serial tests' own stack: they restart its services, so they run beside the rest
@@ -107,6 +111,7 @@ PROFILES = {
         mariadb_port=3309,
         connect_port=8283,
         spark_master_port=7277,
+        s3_port=9644,
         pg_fsync=False,
     ),
 }

@@ -12,6 +12,7 @@ from cdc_platform.devtools.stack.mariadb import MARIADB_PASSWORD_ENVS, LocalMari
 from cdc_platform.devtools.stack.postgres import PASSWORD_ENVS, LocalPostgres, PostgresError
 from cdc_platform.devtools.stack.procs import port_open
 from cdc_platform.devtools.stack.profiles import StackProfile
+from cdc_platform.devtools.stack.s3proxy import ACCESS_KEY_ID_ENV, SECRET_ACCESS_KEY_ENV, LocalS3Store
 from cdc_platform.devtools.stack.spark_cluster import LocalSparkCluster
 
 
@@ -34,7 +35,10 @@ def stack_env(profile: StackProfile) -> dict[str, str]:
             if line.startswith("export ") and "=" in line:
                 name, value = line.removeprefix("export ").split("=", 1)
                 values[name] = value
-    wanted = [*PASSWORD_ENVS.values(), *MARIADB_PASSWORD_ENVS.values(), KAFKA_PASSWORD_ENV, KEYSTORE_PASSWORD_ENV]
+    wanted = [
+        *PASSWORD_ENVS.values(), *MARIADB_PASSWORD_ENVS.values(), KAFKA_PASSWORD_ENV, KEYSTORE_PASSWORD_ENV,
+        ACCESS_KEY_ID_ENV, SECRET_ACCESS_KEY_ENV,
+    ]  # fmt: skip
     missing = [name for name in wanted if name not in values]
     if missing:
         for name in missing:
@@ -71,6 +75,8 @@ def stack_down(profile: StackProfile) -> list[str]:
         stopped.append("connect")
     if LocalSparkCluster(profile).down():
         stopped.append("spark cluster")
+    if LocalS3Store(profile).down():
+        stopped.append("s3 store")
     if LocalKafka(profile).down():
         stopped.append("kafka")
     if LocalPostgres(profile).down():
@@ -118,4 +124,8 @@ def stack_status(profile: StackProfile) -> dict[str, str]:
     if cluster:  # started on demand (the tests' spark_cluster fixture): listed only while it runs
         status["spark cluster"] = f"up ({', '.join(f'{role} pid {pid}' for role, pid in cluster.items())}, "
         status["spark cluster"] += f"{profile.spark_master_url})"
+    store = LocalS3Store(profile)
+    store_pid = store.running_pid()
+    if store_pid:  # started on demand (the tests' s3_store fixture), like the cluster
+        status["s3 store"] = f"up (pid {store_pid}, {store.endpoint})"
     return status

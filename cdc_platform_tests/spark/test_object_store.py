@@ -1,0 +1,106 @@
+"""The lake on an S3-compatible store, chosen by config alone (``lake.root: s3a://…`` and
+``lake.s3``): S3Proxy on the test stack (``devtools/stack/s3proxy.py``), a real S3 server
+with signatures, listings and conditional puts, and nothing of the lake on a local disk.
+Until this test every lake was a local directory, and a path handled as a file, a client
+without the store's settings or a secret that only the driver had would have gone unnoticed.
+
+Spark reaches the store through Hadoop's S3A, delta-rs (the ledger, the driver's appends and
+merges, VACUUM) through its own client; both are configured from ``lake.s3``. Spark runs on
+the test stack's standalone cluster, the production shape: its executors are JVMs of their
+own, which have the store's key pair only if the tasks bring it. A chunked
+generation is taken while a workload writes, ``cdc-platform apply`` streams what is captured,
+and ``cdc-platform verify`` compares the lake with the source while both run, as a user runs them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc_platform.devtools.apply_process import ApplyProcess
+from cdc_platform.devtools.lake import Lake
+from cdc_platform.devtools.stack.s3proxy import ACCESS_KEY_ID_ENV, SECRET_ACCESS_KEY_ENV
+from cdc_platform.lake.object_store import give_session_object_store
+from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
+from cdc_platform_tests.integration.test_capture_faults import DDL, Workload
+from cdc_platform_tests.spark.test_apply import PAUSE_S, STREAMED
+from cdc_platform_tests.spark.test_current import assert_current_equals_source
+
+pytestmark = pytest.mark.integration
+
+LOCAL_LAKE = "lake:\n  root: lake\n"
+
+
+@pytest.fixture
+def env(demo_db: Any, tmp_path: Path, s3_store: Any, spark_cluster: Any) -> Iterator[CaptureEnv]:
+    for env in make_capture_env(demo_db, tmp_path, DDL, ["items", "lines"], source_yaml=STREAMED):
+        text = env.config_path.read_text()
+        assert LOCAL_LAKE in text
+        lake = (  # the only change from a local run
+            f"lake:\n  root: {s3_store.bucket('lake')}/{env.schema}\n"
+            f"  s3: {{endpoint: '{s3_store.endpoint}', path_style: true, "
+            f"access_key_id_env: {ACCESS_KEY_ID_ENV}, secret_access_key_env: {SECRET_ACCESS_KEY_ENV}}}\n"
+        )
+        # on a Spark cluster too: its executors are JVMs of their own, which get the store's
+        # key pair only with their tasks (the driver's environment is not theirs). One core
+        # each: verify's application runs beside the apply's, as on any shared cluster
+        spark = f"spark:\n  master: {spark_cluster.master_url}\n  conf: {{spark.cores.max: '1'}}\n"
+        env.config_path.write_text(text.replace(LOCAL_LAKE, lake) + spark)
+        for table in env.tables:  # several chunks and waves of a small table
+            env.configure_table(table, "snapshot: {chunk_rows: 40, chunks_per_wave: 2}")
+        yield env
+
+
+def test_the_lake_runs_on_an_s3_compatible_store(env: CaptureEnv, spark: Any, s3_store: Any, tmp_path: Path) -> None:
+    keys = [f"cap.{env.schema}.{t}" for t in env.tables]
+    config = env.config
+    give_session_object_store(spark, config.lake)  # this process' session reads the lake the CLI wrote
+    lake = Lake(config, spark)
+    home = tmp_path / "dagster"
+    home.mkdir()
+    run_env = {**os.environ, "DAGSTER_HOME": str(home)}
+    cli = [str(Path(sys.executable).parent / "cdc-platform"), "--config", str(env.config_path)]
+    log = tmp_path / "apply.log"
+    apply = ApplyProcess(env.config_path, "cap", log, {"DAGSTER_HOME": str(home)})
+    try:
+        with env.running_capture():
+            workload = Workload(env, seconds=None, seed=7, pause_s=PAUSE_S)
+            workload.start()
+            workload.wait_for(40)
+            snapshot = subprocess.run(
+                [*cli, "snapshot", "--all"], env=run_env, capture_output=True, text=True, timeout=600, check=False
+            )
+            assert snapshot.returncode == 0, snapshot.stdout[-2000:] + snapshot.stderr[-4000:]
+            apply.start()  # continuous, as `make demo` runs it
+            apply.wait_for_batch()
+            workload.wait_for(20)  # changes after the generation, streamed
+            workload.stop()
+            assert workload.error is None
+            # verify waits for capture and the apply to reach the source's position: both run
+            verify = subprocess.run(
+                [*cli, "verify", "--rounds", "2"], env=run_env, capture_output=True, text=True, timeout=600, check=False
+            )
+    finally:
+        apply.stop()
+    assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:] + apply.tail()
+    assert all(key in verify.stdout for key in keys), verify.stdout
+    for key in keys:
+        committed = lake.ledger.committed(key)
+        assert committed is not None and committed.rows > 0, key
+        assert len(lake.ledger.chunk_progress(key, committed.generation).written) >= 2, key  # in chunks
+    assert_current_equals_source(lake, keys, at_least=20)
+
+    # the lake is in the store, written by both engines, and nowhere on the local disk
+    stored = s3_store.data / "lake" / env.schema
+    assert (stored / "_ledger").is_dir()
+    for table in env.tables:
+        table_dir = next(stored.glob(f"cap/*{table}*"), None)
+        assert table_dir is not None, sorted(p.name for p in stored.glob("cap/*"))
+        assert any((table_dir / "current" / "_delta_log").glob("*.json")), table_dir
+    assert not (env.config_path.parent / "lake").exists()
