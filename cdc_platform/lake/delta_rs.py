@@ -6,6 +6,7 @@ a second with no JVM.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,16 @@ def open_table(path: str) -> Any | None:
         return DeltaTable(path)
     except TableNotFoundError:
         return None
+
+
+def table_exists(path: str) -> bool:
+    """Whether a Delta table was written at ``path``: a local directory's ``_delta_log``, or on
+    object storage what delta-rs finds there (the store as ``lake.s3`` configured it)."""
+    if "://" not in path or path.startswith("file:"):
+        return os.path.isdir(os.path.join(path.removeprefix("file://").removeprefix("file:"), "_delta_log"))
+    from deltalake import DeltaTable
+
+    return bool(DeltaTable.is_deltatable(path))
 
 
 def read_columns(delta: Any, columns: Sequence[str]) -> pa.Table:

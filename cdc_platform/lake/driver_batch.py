@@ -44,6 +44,7 @@ from urllib.parse import unquote
 
 from cdc_platform.lake.driver_append import DRIVER_APPEND_MAX_ROWS
 from cdc_platform.lake.driver_merge import DRIVER_MERGE_MAX_CHANGES, driver_merge_bound
+from cdc_platform.lake.object_store import pyarrow_uri
 from cdc_platform.lake.tables import LakeTable
 
 if TYPE_CHECKING:
@@ -209,7 +210,7 @@ def table_rows(path: str) -> int | None:
         if not DeltaTable.is_deltatable(path):
             return None
         return int(DeltaTable(path).count())
-    except Exception as exc:  # object storage without local access: no estimate, Spark's jobs
+    except Exception as exc:  # a store this process cannot reach: no estimate, Spark's jobs
         log.debug("no row count for %s: %s", path, exc)
         return None
 
@@ -234,8 +235,8 @@ def row_bytes(path: str) -> tuple[float | None, int | None]:
         if files.num_rows == 0:
             return None, rows
         largest = pc.index(files["num_records"], pc.max(files["num_records"])).as_py()
-        footer = pq.read_metadata(f"{path.rstrip('/')}/{unquote(files['path'][largest].as_py())}")
-    except Exception as exc:  # object storage without local access, a file VACUUMed meanwhile: no estimate
+        footer = pq.read_metadata(pyarrow_uri(f"{path.rstrip('/')}/{unquote(files['path'][largest].as_py())}"))
+    except Exception as exc:  # a store this process cannot reach, a file VACUUMed meanwhile: no estimate
         log.debug("no row size for %s: %s", path, exc)
         return None, rows
     if footer.num_rows == 0:

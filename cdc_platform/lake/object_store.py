@@ -71,6 +71,12 @@ def delta_rs_environment(s3: S3Config) -> dict[str, str]:
     return env
 
 
+def pyarrow_uri(path: str) -> str:
+    """``path`` as pyarrow's filesystems name it: they know ``s3://`` (and read the same
+    ``AWS_*`` variables as delta-rs), not Hadoop's ``s3a://``."""
+    return "s3://" + path[len("s3a://") :] if path.lower().startswith("s3a://") else path
+
+
 def prepare_lake_environment(lake: LakeConfig) -> None:
     """Point this process's delta-rs at the lake's store (a local lake: nothing to do).
 

@@ -21,12 +21,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 
 from cdc_platform.devtools.apply_process import ApplyProcess
+from cdc_platform.devtools.daemon import Daemon
 from cdc_platform.devtools.lake import Lake
 from cdc_platform.devtools.stack.s3proxy import ACCESS_KEY_ID_ENV, SECRET_ACCESS_KEY_ENV
+from cdc_platform.lake.driver_batch import row_bytes, table_rows
 from cdc_platform.lake.object_store import give_session_object_store
+from cdc_platform.lake.tables import lake_table
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
 from cdc_platform_tests.integration.test_capture_faults import DDL, Workload
 from cdc_platform_tests.spark.test_apply import PAUSE_S, STREAMED
@@ -66,6 +70,12 @@ def test_the_lake_runs_on_an_s3_compatible_store(env: CaptureEnv, spark: Any, s3
     home.mkdir()
     run_env = {**os.environ, "DAGSTER_HOME": str(home)}
     cli = [str(Path(sys.executable).parent / "cdc-platform"), "--config", str(env.config_path)]
+    with dg.instance_for_test() as instance:  # the daemon's sensor reads the ledger and current on the store
+        rehydration = Daemon(env.config_path, instance, log=lambda _m: None)
+        requested = rehydration.evaluate("rehydration").run_requests or []
+        assert sorted((r.tags["cdc/table"], r.tags["cdc/reason"]) for r in requested) == [
+            (key, "bootstrap") for key in sorted(keys)
+        ]
     log = tmp_path / "apply.log"
     apply = ApplyProcess(env.config_path, "cap", log, {"DAGSTER_HOME": str(home)})
     try:
@@ -95,6 +105,14 @@ def test_the_lake_runs_on_an_s3_compatible_store(env: CaptureEnv, spark: Any, s3
         assert committed is not None and committed.rows > 0, key
         assert len(lake.ledger.chunk_progress(key, committed.generation).written) >= 2, key  # in chunks
     assert_current_equals_source(lake, keys, at_least=20)
+    for key in keys:  # the driver's batch bounds read current's size from the store, not a fallback
+        current = lake_table(config, config.table(key)).current_path
+        per_row, rows = row_bytes(current)
+        assert per_row is not None and per_row > 0 and rows is not None and rows > 0, (key, per_row, rows)
+        assert table_rows(current) == rows
+    with dg.instance_for_test() as instance:  # current exists on the store: nothing to rehydrate
+        result = Daemon(env.config_path, instance, log=lambda _m: None).evaluate("rehydration")
+        assert not result.run_requests, result
 
     # the lake is in the store, written by both engines, and nowhere on the local disk
     stored = s3_store.data / "lake" / env.schema

@@ -11,7 +11,7 @@ import pytest
 
 from cdc_platform.config import ConfigError, MissingSecretError, load_config
 from cdc_platform.config.model import LakeConfig, SparkConfig
-from cdc_platform.lake.object_store import delta_rs_environment, spark_s3a_conf
+from cdc_platform.lake.object_store import delta_rs_environment, pyarrow_uri, spark_s3a_conf
 from cdc_platform.lake.session import long_running_conf, session_conf
 from cdc_platform_tests.unit.test_config import VALID, problems, write
 
@@ -129,3 +129,9 @@ def test_a_config_error_is_raised_for_an_unknown_s3_key(tmp_path: Path) -> None:
                 VALID.replace("lake:\n  root: lake\n", "lake:\n  root: s3a://b/l\n  s3: {secret_access_key: x}\n"),
             )
         )
+
+
+def test_pyarrow_reads_hadoops_s3a_uris_as_s3() -> None:
+    assert pyarrow_uri("s3a://bucket/lake/t/part-0.parquet") == "s3://bucket/lake/t/part-0.parquet"
+    assert pyarrow_uri("S3A://bucket/x") == "s3://bucket/x"
+    assert pyarrow_uri("/data/lake/t/part-0.parquet") == "/data/lake/t/part-0.parquet"

@@ -18,6 +18,7 @@ import dagster as dg
 
 from cdc_platform.config.model import SnapshotMode, TableConfig
 from cdc_platform.kafka.clients import KafkaClients
+from cdc_platform.lake.delta_rs import table_exists
 from cdc_platform.lake.ledger import LedgerState
 from cdc_platform.model.coverage import lost_offsets, walk
 from cdc_platform.model.generations import Generation, GenerationEvent, GenerationStatus, in_flight
@@ -140,16 +141,6 @@ class FactsGatherer:
         )
 
 
-def lake_path_exists(path: str) -> bool:
-    """Whether the Delta table at ``path`` exists (local paths and pyarrow-supported URIs)."""
-    if "://" not in path or path.startswith("file:"):
-        return os.path.isdir(os.path.join(path.removeprefix("file:"), "_delta_log"))
-    from pyarrow import fs
-
-    filesystem, inner = fs.FileSystem.from_uri(path)
-    return bool(filesystem.get_file_info(f"{inner}/_delta_log").type != fs.FileType.NotFound)
-
-
 def request_resume(table: TableConfig, need: Need, interrupted: Generation) -> dg.RunRequest:
     """A run of the interrupted generation's partition; one per failure of it (the run key),
     so a request the daemon already launched is not launched again."""
@@ -230,7 +221,7 @@ def build_rehydration_sensor(
         running, now = runs_in_progress(context.instance), utc_now()
         runs, additions, waiting = [], [], []
         for table in tables:
-            facts = gatherer.facts(table, topics[table.key], lake_path_exists(current_paths[table.key]))
+            facts = gatherer.facts(table, topics[table.key], table_exists(current_paths[table.key]))
             need, attempt, why = decide(context, table, facts, running, now)
             if need is None:
                 waiting += [f"{table.key}: {why}"] if why else []
