@@ -236,6 +236,18 @@ def spark_cluster(stack: StackProfile) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def kafka_cluster(stack: StackProfile) -> Iterator[Any]:
+    """A three-node Kafka cluster (KRaft; three replicas, two in sync) on the test stack,
+    started on first use and stopped afterwards if this session started it. Yields the
+    ``LocalKafkaCluster``; a config names it with ``bootstrap_servers: <bootstrap>``."""
+    from cdc_platform.devtools.stack.kafka_cluster import KafkaClusterError, LocalKafkaCluster
+
+    cluster = LocalKafkaCluster(stack)
+    with _started_on_demand(cluster, KafkaClusterError, "the Kafka cluster"):
+        yield cluster
+
+
+@pytest.fixture(scope="session")
 def s3_store(stack: StackProfile) -> Iterator[Any]:
     """An S3-compatible store (S3Proxy) on the test stack, started on first use and stopped
     afterwards if this session started it. Yields the ``LocalS3Store``; a config's lake

@@ -30,6 +30,9 @@ class StackProfile:
     spark_master_port: int
     # an S3-compatible store's port (S3Proxy, started on demand, see stack/s3proxy.py)
     s3_port: int
+    # a three-node Kafka cluster's first port (started on demand, see stack/kafka_cluster.py):
+    # each node a broker port and a controller port, six in all
+    kafka_cluster_port: int
     # fsync off makes the throwaway test cluster several times faster; never for dev data
     pg_fsync: bool = True
 
@@ -89,6 +92,7 @@ PROFILES = {
         connect_port=8083,
         spark_master_port=7077,
         s3_port=9444,
+        kafka_cluster_port=9350,
     ),
     "test": StackProfile(
         "test",
@@ -99,6 +103,7 @@ PROFILES = {
         connect_port=8183,
         spark_master_port=7177,
         s3_port=9544,
+        kafka_cluster_port=9360,
         pg_fsync=False,
     ),
     # the serial tests' own stack: they restart its services, so they run beside the rest
@@ -112,6 +117,7 @@ PROFILES = {
         connect_port=8283,
         spark_master_port=7277,
         s3_port=9644,
+        kafka_cluster_port=9370,
         pg_fsync=False,
     ),
 }

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from cdc_platform.devtools.stack.connect import LocalConnect
 from cdc_platform.devtools.stack.kafka import KAFKA_PASSWORD_ENV, KEYSTORE_PASSWORD_ENV, KafkaError, LocalKafka
+from cdc_platform.devtools.stack.kafka_cluster import LocalKafkaCluster
 from cdc_platform.devtools.stack.mariadb import MARIADB_PASSWORD_ENVS, LocalMariaDB, MariaDBError
 from cdc_platform.devtools.stack.postgres import PASSWORD_ENVS, LocalPostgres, PostgresError
 from cdc_platform.devtools.stack.procs import port_open
@@ -77,6 +78,8 @@ def stack_down(profile: StackProfile) -> list[str]:
         stopped.append("spark cluster")
     if LocalS3Store(profile).down():
         stopped.append("s3 store")
+    if LocalKafkaCluster(profile).down():
+        stopped.append("kafka cluster")
     if LocalKafka(profile).down():
         stopped.append("kafka")
     if LocalPostgres(profile).down():
@@ -128,4 +131,8 @@ def stack_status(profile: StackProfile) -> dict[str, str]:
     store_pid = store.running_pid()
     if store_pid:  # started on demand (the tests' s3_store fixture), like the cluster
         status["s3 store"] = f"up (pid {store_pid}, {store.endpoint})"
+    kafka_cluster = LocalKafkaCluster(profile)
+    nodes = kafka_cluster.running_pids()
+    if nodes:  # started on demand (the tests' kafka_cluster fixture), like the Spark cluster
+        status["kafka cluster"] = f"{len(nodes)} of 3 nodes up ({kafka_cluster.bootstrap})"
     return status
