@@ -235,10 +235,11 @@ def spark_cluster(stack: StackProfile) -> Iterator[Any]:
         yield cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kafka_cluster(stack: StackProfile) -> Iterator[Any]:
     """A three-node Kafka cluster (KRaft; three replicas, two in sync) on the test stack,
-    started on first use and stopped afterwards if this session started it. Yields the
+    started on first use and stopped after the module if it started it (three broker JVMs,
+    about 1 GB resident, are not left beside the rest of the suite). Yields the
     ``LocalKafkaCluster``; a config names it with ``bootstrap_servers: <bootstrap>``."""
     from cdc_platform.devtools.stack.kafka_cluster import KafkaClusterError, LocalKafkaCluster
 
