@@ -32,22 +32,23 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # services, which scripts/test.sh runs first, on a stack of their own
 TEST_PROFILE = os.environ.get("CDC_TEST_PROFILE", "test")
 INTEGRATION_DIRS = ("integration", "spark", "dagster")
-SERVICE_FIXTURES = {"stack", "demo_db", "spark", "demo_config_path", "capture_password", "connect", "spark_cluster"}
+SERVICE_FIXTURES = {
+    "stack", "demo_db", "spark", "demo_config_path", "capture_password", "connect", "spark_cluster", "s3_store",
+    "kafka_cluster",
+}  # fmt: skip
 
 # the Spark-side jars scripts/bootstrap.sh resolved (a config's spark.jars_dir wins)
 os.environ.setdefault("CDC_SPARK_JARS_DIR", str(REPO_ROOT / ".cdc" / "jars" / "spark"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test that needs a service, by where it lives and what it asks for. Tests
-    that use Kafka Connect share one worker under xdist (the worker starts one Connect)."""
+    """Mark every test that needs a service, by where it lives and what it asks for (the
+    services started on demand are shared by the workers: ``_started_on_demand``)."""
     for item in items:
         parts = Path(str(item.fspath)).relative_to(REPO_ROOT / "cdc_platform_tests").parts
         fixtures = set(getattr(item, "fixturenames", ()))
         if parts[0] in INTEGRATION_DIRS or fixtures & SERVICE_FIXTURES:
             item.add_marker(pytest.mark.integration)
-        if "connect" in fixtures:
-            item.add_marker(pytest.mark.xdist_group("kafka_connect"))
 
 
 @contextmanager
@@ -200,15 +201,24 @@ DEMO_TABLES = """
 @contextmanager
 def _started_on_demand(service: Any, error: type[Exception], what: str) -> Iterator[None]:
     """``service`` up for the session (a loud failure naming ``what`` if it cannot start),
-    and down afterwards if this session started it."""
+    and down afterwards if this session started it, unless this is a pytest-xdist worker.
+
+    A worker's session ends when it runs out of tests, while the other worker's test may
+    still use the service: the S3 store stopped that way under the S3 test. Grouping the
+    tests of a service on one worker (``xdist_group``) does not help here: pytest-xdist
+    3.8 marks a group in ``item._nodeid``, which pytest 9 no longer reads, so no group has
+    ever applied. Under xdist, ``cdc-platform dev down`` (scripts/test.sh runs it at the
+    end) stops what a worker started; workers take turns starting it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
     try:
-        started = service.up()
+        with _one_worker_at_a_time(service.profile, type(service).__name__):  # nor two workers start it twice
+            started = service.up()
     except error as exc:
         pytest.fail(f"{what} could not start: {exc}", pytrace=False)
     try:
         yield
     finally:
-        if started:
+        if started and not worker:
             service.down()
 
 
@@ -235,11 +245,10 @@ def spark_cluster(stack: StackProfile) -> Iterator[Any]:
         yield cluster
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def kafka_cluster(stack: StackProfile) -> Iterator[Any]:
     """A three-node Kafka cluster (KRaft; three replicas, two in sync) on the test stack,
-    started on first use and stopped after the module if it started it (three broker JVMs,
-    about 1 GB resident, are not left beside the rest of the suite). Yields the
+    started on first use and stopped afterwards if this session started it. Yields the
     ``LocalKafkaCluster``; a config names it with ``bootstrap_servers: <bootstrap>``."""
     from cdc_platform.devtools.stack.kafka_cluster import KafkaClusterError, LocalKafkaCluster
 

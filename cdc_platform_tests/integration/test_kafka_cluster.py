@@ -27,8 +27,10 @@ from confluent_kafka.admin import AdminClient
 from cdc_platform.devtools.apply_process import ApplyProcess
 from cdc_platform.devtools.lake import Lake
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
-from cdc_platform_tests.integration.test_capture_faults import DDL, Workload
-from cdc_platform_tests.spark.test_apply import PAUSE_S, STREAMED
+from cdc_platform_tests.integration.streaming import streaming_after_a_generation
+from cdc_platform_tests.integration.test_capture_faults import DDL
+from cdc_platform_tests.integration.test_stack import LOOPBACK, listening
+from cdc_platform_tests.spark.test_apply import STREAMED
 from cdc_platform_tests.spark.test_current import assert_current_equals_source
 
 pytestmark = pytest.mark.integration
@@ -55,6 +57,10 @@ def test_the_platform_runs_on_a_kafka_cluster_and_through_a_dead_node(
     env: CaptureEnv, spark: Any, kafka_cluster: Any, tmp_path: Path
 ) -> None:
     keys = [f"cap.{env.schema}.{t}" for t in env.tables]
+    for node in (1, 2, 3):  # loopback only, checked here: the test kills a node below
+        for port in (kafka_cluster.broker_port(node), kafka_cluster.controller_port(node)):
+            addresses = listening(port)
+            assert addresses and set(addresses) <= LOOPBACK, (node, port, addresses)
     lake = Lake(env.config, spark)
     home = tmp_path / "dagster"
     home.mkdir()
@@ -63,16 +69,7 @@ def test_the_platform_runs_on_a_kafka_cluster_and_through_a_dead_node(
     apply = ApplyProcess(env.config_path, "cap", tmp_path / "apply.log", {"DAGSTER_HOME": str(home)})
     admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
     try:
-        with env.running_capture():
-            workload = Workload(env, seconds=None, seed=11, pause_s=PAUSE_S)
-            workload.start()
-            workload.wait_for(40)
-            snapshot = subprocess.run(
-                [*cli, "snapshot", "--all"], env=run_env, capture_output=True, text=True, timeout=600, check=False
-            )
-            assert snapshot.returncode == 0, snapshot.stdout[-2000:] + snapshot.stderr[-4000:]
-            apply.start()
-            apply.wait_for_batch()
+        with streaming_after_a_generation(env, cli, run_env, apply, seed=11) as workload:
             # the node leading the items topic's first partition dies while both stream
             topic = env.topic("items")
             leader = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,10 @@ from cdc_platform.lake.driver_batch import row_bytes, table_rows
 from cdc_platform.lake.object_store import give_session_object_store
 from cdc_platform.lake.tables import lake_table
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
-from cdc_platform_tests.integration.test_capture_faults import DDL, Workload
-from cdc_platform_tests.spark.test_apply import PAUSE_S, STREAMED
+from cdc_platform_tests.integration.streaming import streaming_after_a_generation
+from cdc_platform_tests.integration.test_capture_faults import DDL
+from cdc_platform_tests.integration.test_stack import LOOPBACK, listening
+from cdc_platform_tests.spark.test_apply import STREAMED
 from cdc_platform_tests.spark.test_current import assert_current_equals_source
 
 pytestmark = pytest.mark.integration
@@ -61,8 +64,11 @@ def env(demo_db: Any, tmp_path: Path, s3_store: Any, spark_cluster: Any) -> Iter
         yield env
 
 
-def test_the_lake_runs_on_an_s3_compatible_store(env: CaptureEnv, spark: Any, s3_store: Any, tmp_path: Path) -> None:
+def test_the_lake_runs_on_an_s3_compatible_store(
+    env: CaptureEnv, spark: Any, s3_store: Any, spark_cluster: Any, tmp_path: Path
+) -> None:
     keys = [f"cap.{env.schema}.{t}" for t in env.tables]
+    started_ms = time.time() * 1000
     config = env.config
     give_session_object_store(spark, config.lake)  # this process' session reads the lake the CLI wrote
     lake = Lake(config, spark)
@@ -79,16 +85,7 @@ def test_the_lake_runs_on_an_s3_compatible_store(env: CaptureEnv, spark: Any, s3
     log = tmp_path / "apply.log"
     apply = ApplyProcess(env.config_path, "cap", log, {"DAGSTER_HOME": str(home)})
     try:
-        with env.running_capture():
-            workload = Workload(env, seconds=None, seed=7, pause_s=PAUSE_S)
-            workload.start()
-            workload.wait_for(40)
-            snapshot = subprocess.run(
-                [*cli, "snapshot", "--all"], env=run_env, capture_output=True, text=True, timeout=600, check=False
-            )
-            assert snapshot.returncode == 0, snapshot.stdout[-2000:] + snapshot.stderr[-4000:]
-            apply.start()  # continuous, as `make demo` runs it
-            apply.wait_for_batch()
+        with streaming_after_a_generation(env, cli, run_env, apply, seed=7) as workload:
             workload.wait_for(20)  # changes after the generation, streamed
             workload.stop()
             assert workload.error is None
@@ -114,6 +111,11 @@ def test_the_lake_runs_on_an_s3_compatible_store(env: CaptureEnv, spark: Any, s3
         result = Daemon(env.config_path, instance, log=lambda _m: None).evaluate("rehydration")
         assert not result.run_requests, result
 
+    # the generation's, the apply's and verify's applications ran their tasks in the cluster's executors
+    apps = _applications_since(spark_cluster, started_ms, count=3)
+    for app in apps:
+        assert any("Running task" in log for log in spark_cluster.executor_logs(app["id"])), app
+
     # the lake is in the store, written by both engines, and nowhere on the local disk
     stored = s3_store.data / "lake" / env.schema
     assert (stored / "_ledger").is_dir()
@@ -122,3 +124,20 @@ def test_the_lake_runs_on_an_s3_compatible_store(env: CaptureEnv, spark: Any, s3
         assert table_dir is not None, sorted(p.name for p in stored.glob("cap/*"))
         assert any((table_dir / "current" / "_delta_log").glob("*.json")), table_dir
     assert not (env.config_path.parent / "lake").exists()
+
+
+def test_the_store_listens_on_loopback_only(s3_store: Any) -> None:
+    addresses = listening(s3_store.port)
+    assert addresses and set(addresses) <= LOOPBACK, addresses
+
+
+def _applications_since(cluster: Any, started_ms: float, count: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """The applications the master lists as finished since ``started_ms``, once there are
+    ``count`` (a stopped driver's application is listed once the master heard it end)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        apps = [a for a in cluster.state()["completedapps"] if a["starttime"] >= started_ms]
+        if len(apps) >= count or time.monotonic() > deadline:
+            assert len(apps) >= count, apps
+            return apps
+        time.sleep(1)

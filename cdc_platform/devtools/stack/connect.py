@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc_platform.devtools.stack.kafka import _java
-from cdc_platform.devtools.stack.procs import is_alive, port_open, read_pid, recorded_process, terminate, write_pid
+from cdc_platform.devtools.stack.procs import is_alive, port_open, read_pid, recorded_process, stop_recorded, write_pid
 from cdc_platform.devtools.stack.profiles import StackProfile, state_root
 
 DEBEZIUM_POSTGRES = "io.debezium.connector.postgresql.PostgresConnector"
@@ -136,12 +136,7 @@ class LocalConnect:
         return started
 
     def down(self) -> bool:
-        pid = self.running_pid()
-        if pid is None:
-            return False
-        terminate(pid, timeout_s=30)
-        self.pid_file.unlink(missing_ok=True)
-        return True
+        return stop_recorded(self.running_pid(), self.pid_file)
 
     def _write_config(self) -> None:
         props = {

@@ -11,7 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
-from cdc_platform.devtools.stack.procs import is_alive, port_open, read_pid, recorded_process, terminate, write_pid
+from cdc_platform.devtools.stack.procs import is_alive, port_open, read_pid, recorded_process, stop_recorded, write_pid
 from cdc_platform.devtools.stack.profiles import StackProfile, state_root
 
 LOG4J2_PROPERTIES = """\
@@ -116,12 +116,7 @@ class LocalKafka:
         return started
 
     def down(self) -> bool:
-        pid = self.running_pid()
-        if pid is None:
-            return False
-        terminate(pid, timeout_s=30)
-        self.pid_file.unlink(missing_ok=True)
-        return True
+        return stop_recorded(self.running_pid(), self.pid_file)
 
     def _write_config(self) -> None:
         p = self.profile

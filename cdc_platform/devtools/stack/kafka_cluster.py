@@ -13,6 +13,7 @@ its controller on the next port.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -83,10 +84,17 @@ class LocalKafkaCluster:
         self.wait_ready(timeout_s)
         return bool(missing)
 
-    def down(self) -> bool:
+    def down(self, timeout_s: float = 15.0) -> bool:
+        """SIGTERM to every node at once, SIGKILL to those still running after ``timeout_s``.
+        One node at a time took 34 s: the last ones' controlled shutdown waited for a quorum
+        that was already gone."""
         running = self.running_pids()
+        for pid in running.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
         for node, pid in running.items():
-            terminate(pid, timeout_s=30)
+            terminate(pid, timeout_s=max(0.0, deadline - time.monotonic()))
             self.pid_file(node).unlink(missing_ok=True)
         return bool(running)
 

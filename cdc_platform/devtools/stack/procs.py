@@ -69,6 +69,16 @@ def terminate(pid: int, timeout_s: float = 30.0) -> None:
         return
 
 
+def stop_recorded(pid: int | None, pid_file: Path, timeout_s: float = 30.0) -> bool:
+    """Stop the process a service recorded (``running_pid``'s answer) and forget its pid file;
+    False when there was none to stop."""
+    if pid is None:
+        return False
+    terminate(pid, timeout_s=timeout_s)
+    pid_file.unlink(missing_ok=True)
+    return True
+
+
 def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout_s):

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from cdc_platform.devtools.stack.kafka import _java
-from cdc_platform.devtools.stack.procs import is_alive, port_open, read_pid, recorded_process, terminate, write_pid
+from cdc_platform.devtools.stack.procs import is_alive, port_open, read_pid, recorded_process, stop_recorded, write_pid
 from cdc_platform.devtools.stack.profiles import StackProfile, state_root
 
 MAIN_CLASS = "org.gaul.s3proxy.Main"
@@ -84,12 +84,7 @@ class LocalS3Store:
         return True
 
     def down(self) -> bool:
-        pid = self.running_pid()
-        if pid is None:
-            return False
-        terminate(pid, timeout_s=30)
-        self.pid_file.unlink(missing_ok=True)
-        return True
+        return stop_recorded(self.running_pid(), self.pid_file)
 
     def bucket(self, name: str) -> str:
         """Create bucket ``name`` (a directory of the store) if missing; its ``s3a://`` URI."""
