@@ -519,6 +519,11 @@ class LakeConfig(_Strict):
         "first pass). null: never (run VACUUM yourself, or the lake's disk use grows with every batch).",
     )
 
+    @property
+    def on_s3(self) -> bool:
+        """The lake is on an S3-compatible store (``lake.s3`` is only allowed there)."""
+        return self.root.lower().startswith("s3a://")
+
     @model_validator(mode="after")
     def _known_store(self) -> LakeConfig:
         scheme = self.root.split("://", 1)[0].lower() if "://" in self.root else "file"
@@ -843,7 +848,7 @@ class PlatformConfig(_Strict):
         single-driver log store): the windows engine's runs, two drivers at a time, could each
         commit the same version of a changelog or current, and one commit would be lost. The
         stream engine writes each table from one driver, under the source's lease."""
-        if self.lake.s3 is None and not self.lake.root.lower().startswith("s3a://"):
+        if not self.lake.on_s3:
             return self
         for name, source in sorted(self.sources.items()):
             if source.apply.engine is ApplyEngine.WINDOWS:

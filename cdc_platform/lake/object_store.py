@@ -28,12 +28,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 S3A_PREFIX = "spark.hadoop.fs.s3a."
-# the SDK's environment provider: the keys the platform exported (below), nothing else
-ENVIRONMENT_CREDENTIALS = "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider"
-
-
-def on_s3(lake: LakeConfig) -> bool:
-    return lake.root.lower().startswith("s3a://")
 
 
 def spark_s3a_conf(s3: S3Config) -> dict[str, str]:
