@@ -51,6 +51,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under ``--dist loadgroup`` a test whose ``xdist_group`` did not reach its node id
+    fails: the scheduler spread its group over both workers, and the tests of the demo's
+    fixed slot would run at once, failing by chance. pytest-xdist 3.8 marks the group in
+    ``item._nodeid``, which pytest 9.2 no longer reads."""
+    grouped = getattr(item.config.option, "loadgroup", False) and item.get_closest_marker("xdist_group")
+    if grouped and "@" not in item.nodeid:
+        pytest.fail(
+            "pytest-xdist's xdist_group did not reach this test's id, so its group may run on both "
+            "workers at once: this pytest and pytest-xdist do not work together; install the versions "
+            "pyproject.toml pins (scripts/bootstrap.sh)",
+            pytrace=False,
+        )
+
+
 @contextmanager
 def _one_worker_at_a_time(profile: StackProfile, name: str) -> Iterator[None]:
     """Under pytest-xdist, workers take turns (starting the stack, setting up the demo
@@ -204,11 +219,10 @@ def _started_on_demand(service: Any, error: type[Exception], what: str) -> Itera
     and down afterwards if this session started it, unless this is a pytest-xdist worker.
 
     A worker's session ends when it runs out of tests, while the other worker's test may
-    still use the service: the S3 store stopped that way under the S3 test. Grouping the
-    tests of a service on one worker (``xdist_group``) does not help here: pytest-xdist
-    3.8 marks a group in ``item._nodeid``, which pytest 9 no longer reads, so no group has
-    ever applied. Under xdist, ``cdc-platform dev down`` (scripts/test.sh runs it at the
-    end) stops what a worker started; workers take turns starting it."""
+    still use the service: the S3 store stopped that way under the S3 test (grouping a
+    service's tests on one worker would serialize tests that can share it). Under xdist,
+    ``cdc-platform dev down`` (scripts/test.sh runs it at the end) stops what a worker
+    started; workers take turns starting it."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     try:
         with _one_worker_at_a_time(service.profile, type(service).__name__):  # nor two workers start it twice

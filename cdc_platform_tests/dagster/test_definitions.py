@@ -108,16 +108,23 @@ def test_observation_reports_the_source_table(demo_config_path: Path, tmp_path: 
     defs = build_definitions(demo_config_path)
     (tmp_path / "dagster").mkdir()
     pg = LocalPostgres(_profile(demo_config_path))
-    with pg.admin_connect("shop") as admin:  # capture's slot for source 'shop'
-        admin.execute("SELECT pg_create_logical_replication_slot('cdc_shop', 'pgoutput')")
+    # capture's slot for source 'shop', idle. test_ui's capture leaves it behind (its position
+    # is in the stack's heartbeats, so dropping it would fail the next capture with a lost
+    # slot): created here only when missing, and dropped only then
+    with pg.admin_connect("shop") as admin:
+        created = admin.execute(
+            "SELECT pg_create_logical_replication_slot('cdc_shop', 'pgoutput') "
+            "WHERE NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = 'cdc_shop')"
+        ).fetchone()
     try:
         with app_connect(_profile(demo_config_path)) as conn:
             conn.execute("UPDATE products SET name = name WHERE id <= 10")  # WAL behind the slot
         with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
             result = _observe(defs, instance)
     finally:
-        with pg.admin_connect("shop") as admin:
-            admin.execute("SELECT pg_drop_replication_slot('cdc_shop')")
+        if created is not None:
+            with pg.admin_connect("shop") as admin:
+                admin.execute("SELECT pg_drop_replication_slot('cdc_shop')")
     assert result.success
     observed = [ev.asset_observation_data.asset_observation for ev in result.get_asset_observation_events()]
     observations = {o.asset_key.to_user_string(): o for o in observed}
