@@ -17,22 +17,27 @@ after it), keeps every vector file named so, and deletes the other ``deletion_ve
 files of the table that are older than the retention (an older file, because a commit in
 flight may have written one the log does not name yet). A log in a form it does not read
 (a V2 checkpoint, a missing commit, a vector stored by absolute path) makes it delete
-nothing. Local lakes only: on a URI (``s3a://…``) nothing is deleted and Spark's own VACUUM
-takes these files.
+nothing. The files are read, listed and deleted through pyarrow's filesystems: the local
+disk, or the lake's object store (``s3a://…``, with the ``AWS_*`` settings delta-rs reads,
+``lake/object_store.py``), where a listing gives each object's last-modified time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import json
 import logging
-import os
 import re
 import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +128,9 @@ def replay(actions: Iterable[Mapping[str, Any]], state: VectorState | None = Non
 
 def read_log(table_path: str) -> VectorState:
     """The table's log replayed from its newest checkpoint (or its first commit)."""
-    log_dir = Path(table_path, "_delta_log")
-    names = os.listdir(log_dir)
+    fs, root = table_filesystem(table_path)
+    log_dir = f"{root}/_delta_log"
+    names = list(_listing(fs, log_dir))
     commits = sorted(int(m.group(1)) for m in map(_COMMIT.match, names) if m)
     if not commits:
         raise UnreadLog("no commit in the log")
@@ -133,13 +139,38 @@ def read_log(table_path: str) -> VectorState:
         raise UnreadLog("a V2 checkpoint")
     state = VectorState()
     if checkpoint >= 0:
-        replay(_checkpoint_actions(log_dir, checkpoint, parts), state)
+        replay(_checkpoint_actions(fs, log_dir, checkpoint, parts), state)
     wanted = list(range(checkpoint + 1, commits[-1] + 1))
     if not set(wanted) <= set(commits):
         raise UnreadLog(f"commits missing between {checkpoint + 1} and {commits[-1]}")
     for version in wanted:
-        replay(_commit_actions(log_dir / f"{version:020d}.json"), state)
+        replay(_commit_actions(fs, f"{log_dir}/{version:020d}.json"), state)
     return state
+
+
+def table_filesystem(table_path: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem holding the table (the local disk, or the lake's object store) and
+    the table's path in it, without a trailing slash."""
+    import pyarrow.fs as pafs
+
+    # imported here: object_store imports the config package, whose loader imports object_store
+    from cdc_platform.lake.object_store import pyarrow_uri
+
+    if "://" in table_path and not table_path.startswith("file://"):
+        fs, path = pafs.FileSystem.from_uri(pyarrow_uri(table_path))
+        return fs, path.rstrip("/")
+    return pafs.LocalFileSystem(), str(Path(table_path.removeprefix("file://")).absolute())
+
+
+def _listing(fs: pafs.FileSystem, directory: str) -> dict[str, float]:
+    """The files directly in ``directory`` (names) and their modification times (seconds)."""
+    import pyarrow.fs as pafs
+
+    found: dict[str, float] = {}
+    for info in fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True)):
+        if info.type == pafs.FileType.File:
+            found[info.base_name] = info.mtime.timestamp() if info.mtime is not None else time.time()
+    return found
 
 
 def _newest_checkpoint(names: list[str]) -> tuple[int, list[str]]:
@@ -161,41 +192,47 @@ def _newest_checkpoint(names: list[str]) -> tuple[int, list[str]]:
     return version, found[version]
 
 
-def _checkpoint_actions(log_dir: Path, version: int, parts: list[str]) -> Iterable[Mapping[str, Any]]:
+def _checkpoint_actions(
+    fs: pafs.FileSystem, log_dir: str, version: int, parts: list[str]
+) -> Iterable[Mapping[str, Any]]:
     import pyarrow.parquet as pq
 
     for part in parts:
-        path = log_dir / part
-        columns = [c for c in ("add", "remove", "sidecar") if c in pq.read_schema(path).names]
-        rows = pq.read_table(path, columns=columns).to_pylist()
+        path = f"{log_dir}/{part}"
+        columns = [c for c in ("add", "remove", "sidecar") if c in pq.read_schema(path, filesystem=fs).names]
+        rows = pq.read_table(path, columns=columns, filesystem=fs).to_pylist()
         if any(row.get("sidecar") for row in rows):
             raise UnreadLog(f"checkpoint {version} has sidecar files")
         yield from rows
 
 
-def _commit_actions(path: Path) -> Iterable[Mapping[str, Any]]:
-    for line in path.read_text().splitlines():
+def _commit_actions(fs: pafs.FileSystem, path: str) -> Iterable[Mapping[str, Any]]:
+    with fs.open_input_stream(path) as stream:
+        text = stream.read().decode()
+    for line in text.splitlines():
         if line.strip():
             yield json.loads(line)
 
 
-def vector_files_on_disk(table_path: str, prefixes: Iterable[str] = ()) -> dict[str, float]:
+def vector_files_on_disk(fs: pafs.FileSystem, root: str, prefixes: Iterable[str] = ()) -> dict[str, float]:
     """The table's ``deletion_vector_*.bin`` files (relative paths) and their modification times."""
-    root = Path(table_path)
     found: dict[str, float] = {}
-    for directory in {root, *(root / p for p in prefixes)}:
-        for path in directory.glob(VECTOR_FILE_GLOB):
-            found[str(path.relative_to(root))] = path.stat().st_mtime
+    for prefix in {"", *prefixes}:
+        directory = f"{root}/{prefix}" if prefix else root
+        for name, mtime in _listing(fs, directory).items():
+            if fnmatch.fnmatchcase(name, VECTOR_FILE_GLOB):
+                found[f"{prefix}/{name}" if prefix else name] = mtime
     return found
 
 
 def delete_replaced_vectors(table_path: str, retain_hours: float, now: float | None = None) -> list[str]:
     """Delete the table's deletion-vector files that no version within ``retain_hours`` uses
-    and that are older than that; the files deleted (relative paths). Nothing on a URI."""
-    if "://" in table_path and not table_path.startswith("file://"):
-        return []
-    table_path = table_path.removeprefix("file://")
-    if not Path(table_path, "_delta_log").is_dir() or not any(Path(table_path).glob(VECTOR_FILE_GLOB)):
+    and that are older than that; the files deleted (relative paths)."""
+    import pyarrow.fs as pafs
+
+    fs, root = table_filesystem(table_path)
+    on_disk = vector_files_on_disk(fs, root)
+    if not on_disk or not _listing(fs, f"{root}/_delta_log"):
         return []  # a table without vectors at its root: Spark writes them there (no random prefixes)
     now = time.time() if now is None else now
     cut_s = now - retain_hours * 3600
@@ -205,12 +242,20 @@ def delete_replaced_vectors(table_path: str, retain_hours: float, now: float | N
         log.info("%s: replaced deletion vectors are left for Spark's VACUUM: %s", table_path, exc)
         return []
     prefixes = {name.rpartition("/")[0] for name in in_use if "/" in name}
-    deleted = []
-    for name, mtime in sorted(vector_files_on_disk(table_path, prefixes).items()):
+    if prefixes:
+        on_disk = vector_files_on_disk(fs, root, prefixes)
+    deleted, local = [], isinstance(fs, pafs.LocalFileSystem)
+    for name, mtime in sorted(on_disk.items()):
         if name in in_use or mtime >= cut_s:
             continue
-        path = Path(table_path, name)
-        path.unlink(missing_ok=True)
-        path.with_name(f".{path.name}.crc").unlink(missing_ok=True)  # Hadoop's checksum beside it
+        directory, _, base = f"{root}/{name}".rpartition("/")
+        _delete(fs, f"{directory}/{base}")
+        if local:  # Hadoop's local file system writes a checksum beside it (S3A does not)
+            _delete(fs, f"{directory}/.{base}.crc")
         deleted.append(name)
     return deleted
+
+
+def _delete(fs: pafs.FileSystem, path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):  # gone already: another VACUUM, or never written
+        fs.delete_file(path)

@@ -160,5 +160,8 @@ def test_a_log_it_does_not_read_deletes_nothing(tmp_path: Path, break_log: str) 
     assert _left(tmp_path) == {_file(n) for n in "ABCDE"}
 
 
-def test_a_lake_on_a_uri_is_left_alone() -> None:
-    assert delete_replaced_vectors("s3a://bucket/lake/s/t/current", 0) == []
+def test_a_file_uri_names_the_local_table(tmp_path: Path) -> None:
+    now = time.time()
+    _history(tmp_path, now)
+    assert delete_replaced_vectors(f"file://{tmp_path}", 24, now=now) == [_file("E")]
+    assert _left(tmp_path) == {_file(n) for n in "ABCD"}
