@@ -80,8 +80,14 @@ def config_check(_args: argparse.Namespace, loaded: Loaded) -> int:
     print(f"ok: {len(config.sources)} source(s), {len(config.tables)} table(s) ({loaded.path})")
     for table in config.tables:
         key = ", ".join(table.primary_key) if table.primary_key else "(from the source's primary key)"
+        # a streamed changelog is partitioned by day (or hour), whatever changelog.window says
+        applied = (
+            f"apply=stream partition={table.changelog.partition}"
+            if config.streamed(table)
+            else f"apply=windows window={table.changelog.window}"
+        )
         print(
-            f"  {table.key:40s} topic={config.topic_for(table)} key={key} window={table.changelog.window} "
+            f"  {table.key:40s} topic={config.topic_for(table)} key={key} {applied} "
             f"compatibility={table.compatibility.value} errors.tolerance={table.errors.tolerance.value}"
         )
     return 0

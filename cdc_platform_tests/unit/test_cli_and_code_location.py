@@ -57,6 +57,26 @@ def test_every_pipeline_command_runs_with_the_config_it_was_given(
     assert "shop.public.customers: applied" in capsys.readouterr().out
 
 
+def test_config_check_says_how_each_table_is_applied(elsewhere: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A streamed table's changelog is partitioned by day whatever its window setting: the
+    check prints the engine and the partition, not a window no run uses."""
+    text = elsewhere.read_text()
+    head, streamed, tail = text.rpartition("    apply: {engine: stream}\n")  # the last source's: crm
+    assert streamed, "the demo config applies its sources by the stream engine"
+    elsewhere.write_text(head + "    apply: {engine: windows}\n" + tail)
+    config = load_config(elsewhere)
+    assert main(["--config", str(elsewhere), "config", "check"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert set(lines) == {t.key for t in config.tables}
+    for table in config.tables:
+        line = lines[table.key]
+        if config.streamed(table):
+            assert f"apply=stream partition={table.changelog.partition}" in line and "window=" not in line, line
+        else:
+            assert f"apply=windows window={table.changelog.window}" in line, line
+    assert any(not config.streamed(t) for t in config.tables) and any(config.streamed(t) for t in config.tables)
+
+
 def test_a_missing_config_is_one_clear_error(elsewhere: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["current", "--all"]) == 2  # ./cdc_platform.yaml does not exist here
     assert "file not found" in capsys.readouterr().err
