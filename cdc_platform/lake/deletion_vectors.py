@@ -168,7 +168,7 @@ def _listing(fs: pafs.FileSystem, directory: str) -> dict[str, float]:
 
     found: dict[str, float] = {}
     for info in fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True)):
-        if info.type == pafs.FileType.File:
+        if info.type == pafs.FileType.File:  # a file without a time counts as new: it is kept
             found[info.base_name] = info.mtime.timestamp() if info.mtime is not None else time.time()
     return found
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
+import socket
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -304,3 +307,65 @@ def test_a_password_kafka_refuses_stops_capture_at_once_naming_the_fix(
         text = str(error)
         assert "refused the client's credentials" in text and "kafka.secret_options_env" in text, text
         assert wrong not in text
+
+
+class LateForwarder:
+    """A loopback port that refuses connections until ``open()``, then forwards each one to
+    ``target_port``: a database that is not up yet when capture starts."""
+
+    def __init__(self, target_port: int) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = int(probe.getsockname()[1])
+        self.target_port = target_port
+        self.server: socket.socket | None = None
+
+    def open(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, args=(self.server,), daemon=True).start()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    def _accept(self, server: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # closed
+            while True:
+                client, _ = server.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+                for a, b in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+
+def test_a_database_not_up_when_capture_starts_is_waited_for_with_backoff(items_env: CaptureEnv) -> None:
+    """Capture started while its database does not answer yet (a host rebooting, a failover)
+    retries with backoff, as it does once streaming, then streams: an unreachable database
+    is retriable at any moment, not fatal when it happens before the first change."""
+    env = items_env
+    env.run_until_caught_up()  # the slot and the topics exist
+    with env.app() as app:
+        app.execute("INSERT INTO items (id, body) SELECT g, 'x' FROM generate_series(1, 5) g")
+    forwarder = LateForwarder(env.profile.pg_port)
+    text = env.config_path.read_text()
+    assert text.count(f"port: {env.profile.pg_port}") == 1  # the source's
+    env.config_path.write_text(text.replace(f"port: {env.profile.pg_port}", f"port: {forwarder.port}"))
+    capture = env.capture(until_caught_up=True, give_up_after_s=60, max_reconnect_wait_s=1)
+    opening = threading.Timer(3.0, forwarder.open)
+    opening.start()
+    started = time.monotonic()
+    try:
+        stats = capture.run()
+    finally:
+        opening.cancel()
+        forwarder.close()
+    assert time.monotonic() - started >= 3.0
+    assert stats.reconnects >= 1
+    assert stats.events.get("c") == 5

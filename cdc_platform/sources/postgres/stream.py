@@ -225,6 +225,7 @@ class PostgresCapture:
         self._topics = {(t.schema_name, t.table_name): endpoint.topics[t.key] for t in endpoint.tables}
         self._types: dict[int, PgType] = {}
         self._stop = False
+        self._slot_unrecorded = False  # created, not yet in the heartbeat topic
 
     # -- preflight: everything that is fatal if wrong -----------------------------------------
     def preflight(self) -> int:
@@ -235,14 +236,18 @@ class PostgresCapture:
                 self._keys[(table.schema_name, table.table_name)] = self._check_table(conn, table)
             self._ensure_publication(conn)
             confirmed, created = self._ensure_slot(conn)
+        # a slot created by an attempt that failed afterwards (Kafka not up yet) is recorded
+        # by the retry, which finds the slot there
+        self._slot_unrecorded = self._slot_unrecorded or created
         self.kafka.ensure_topics(list(endpoint.topics.values()), [endpoint.heartbeat_topic])
-        if created:
+        if self._slot_unrecorded:
             # remember the slot durably (the heartbeat topic is compacted, keyed by source):
             # if it disappears later, the next start knows changes were lost
             producer = self.kafka.producer()
             self._heartbeat(producer, confirmed)
             if producer.flush(30) != 0:
                 raise RetriableError("could not record the new slot in the heartbeat topic")
+            self._slot_unrecorded = False
         return confirmed
 
     def _check_table(self, conn: psycopg.Connection[tuple[Any, ...]], table: TableConfig) -> tuple[str, ...]:
@@ -364,12 +369,18 @@ class PostgresCapture:
 
     def run(self) -> CaptureStats:
         """Stream until stopped (or, with ``until_caught_up``, until every change committed
-        before the start is in Kafka). Retriable errors reconnect with backoff."""
-        self.stats.confirmed_lsn = self.preflight()
-        target = self._server_position() if self.settings.until_caught_up else None
+        before the start is in Kafka). Retriable errors reconnect with backoff, before the
+        first change too: a database or broker still starting is waited for, not fatal."""
         backoff = Backoff(self.settings.max_reconnect_wait_s, self.settings.give_up_after_s)
+        prepared, target = False, None
         while True:
+            if self._stop:  # stopped while waiting for the database or broker
+                return self.stats
             try:
+                if not prepared:
+                    self.stats.confirmed_lsn = self.preflight()
+                    target = self._server_position() if self.settings.until_caught_up else None
+                    prepared = True
                 if self._stream(target) or self._stop:
                     return self.stats
                 backoff.reset()
