@@ -214,7 +214,7 @@ DEMO_TABLES = """
 
 
 @contextmanager
-def _started_on_demand(service: Any, error: type[Exception], what: str) -> Iterator[None]:
+def _started_on_demand(service: Any, error: type[Exception], what: str, grouped: bool = False) -> Iterator[None]:
     """``service`` up for the session (a loud failure naming ``what`` if it cannot start),
     and down afterwards if this session started it, unless this is a pytest-xdist worker.
 
@@ -222,8 +222,9 @@ def _started_on_demand(service: Any, error: type[Exception], what: str) -> Itera
     still use the service: the S3 store stopped that way under the S3 test (grouping a
     service's tests on one worker would serialize tests that can share it). Under xdist,
     ``cdc-platform dev down`` (scripts/test.sh runs it at the end) stops what a worker
-    started; workers take turns starting it."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    started; workers take turns starting it. A service whose tests all run on one worker
+    (``grouped``: one ``xdist_group``, the fixture scoped to them) is stopped after them."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER") if not grouped else None
     try:
         with _one_worker_at_a_time(service.profile, type(service).__name__):  # nor two workers start it twice
             started = service.up()
@@ -259,15 +260,17 @@ def spark_cluster(stack: StackProfile) -> Iterator[Any]:
         yield cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kafka_cluster(stack: StackProfile) -> Iterator[Any]:
     """A three-node Kafka cluster (KRaft; three replicas, two in sync) on the test stack,
-    started on first use and stopped afterwards if this session started it. Yields the
-    ``LocalKafkaCluster``; a config names it with ``bootstrap_servers: <bootstrap>``."""
+    started for the module that uses it and stopped after it if it started it (its modules
+    are one ``xdist_group``, "kafka_cluster"): idle, its three nodes cost a tenth of a core,
+    which the rest of the run would pay. Yields the ``LocalKafkaCluster``; a config names
+    it with ``bootstrap_servers: <bootstrap>``."""
     from cdc_platform.devtools.stack.kafka_cluster import KafkaClusterError, LocalKafkaCluster
 
     cluster = LocalKafkaCluster(stack)
-    with _started_on_demand(cluster, KafkaClusterError, "the Kafka cluster"):
+    with _started_on_demand(cluster, KafkaClusterError, "the Kafka cluster", grouped=True):
         yield cluster
 
 

@@ -33,7 +33,8 @@ from cdc_platform_tests.integration.test_stack import LOOPBACK, listening
 from cdc_platform_tests.spark.test_apply import STREAMED
 from cdc_platform_tests.spark.test_current import assert_current_equals_source
 
-pytestmark = pytest.mark.integration
+# the cluster is started for this module and stopped after it: its users take one worker
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("kafka_cluster")]
 
 
 @pytest.fixture
