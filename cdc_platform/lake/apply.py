@@ -208,6 +208,24 @@ def continues(frontier: dict[int, int], plan: BatchPlan) -> bool:
     return all(r.start == frontier.get(r.partition, 0) for r in plan.ranges)
 
 
+class LedgerRetry:
+    """The continuous apply's own reads and writes of the ledger (its lease, the committed
+    generations) failing: each failure is logged as retriable and waited out, doubling from
+    1 s to 30 s, with no new batch started meanwhile; a table's batches retry on their own."""
+
+    def __init__(self) -> None:
+        self.failing, self.wait_s = False, 1.0
+
+    def failed(self, exc: Exception) -> None:
+        log.warning("the ledger could not be read or written (retriable; retrying in %.0f s): %s", self.wait_s, exc)
+        if self.failing:
+            self.wait_s = min(self.wait_s * 2, 30.0)
+        self.failing = True
+
+    def succeeded(self) -> None:
+        self.failing, self.wait_s = False, 1.0
+
+
 class ApplyLease:
     """This process's hold on its tables' apply groups, ``apply:<source>[/<group>]`` (``model.leases``)."""
 
@@ -237,6 +255,24 @@ class ApplyLease:
             for scope in self.scopes:
                 self._record(scope, LeaseState.HELD)
             self.beat_at = time.monotonic()
+
+    def confirm(self) -> None:
+        """Still this process's after its heartbeats could not be written: a lease whose
+        newest heartbeat is older than the TTL may have been taken by an apply on another
+        host (which cannot see this process), and then this one stops, naming it."""
+        now = datetime.now(UTC)
+        for scope in self.scopes:
+            holders = live_holders(self.ledger.leases(scope), now, self._alive, LEASE_TTL_S)
+            ours = next((h for h in holders if h.holder == self.holder), None)
+            others = [h for h in holders if h.holder != self.holder]
+            if others and (ours is None or (now - ours.seen).total_seconds() > LEASE_TTL_S):
+                raise FatalError(
+                    f"{describe_scope(scope)}: this apply could not renew its lease for over {LEASE_TTL_S:.0f} s "
+                    f"and another process took it ({others[0].describe(now)}); this one stops so that one "
+                    "process writes the tables",
+                    reason="apply_lease_lost",
+                )
+        self.beat_at = 0.0  # renewed at the next heartbeat
 
     def release(self) -> None:
         if self.held:
@@ -422,13 +458,27 @@ class StreamApply:
         started: dict[str, float] = {}  # when each table's last batch started (min_batch_interval_s)
         committed: dict[str, Generation] = {}
         read_at = -float("inf")
+        ledger = LedgerRetry()
         while not stop.is_set():
-            if not self.lease.held:
-                self.lease.acquire()
-            self.lease.heartbeat()
             now = time.monotonic()
-            if now - read_at >= interval:  # a generation committed meanwhile is seen within one interval
-                committed, read_at = self.ledger.committed_all(), now
+            try:
+                if ledger.failing:  # heartbeats were missed: is the lease still ours?
+                    self.lease.confirm()
+                if not self.lease.held:
+                    self.lease.acquire()
+                self.lease.heartbeat()
+                if now - read_at >= interval:  # a generation committed meanwhile is seen within one interval
+                    committed, read_at = self.ledger.committed_all(), now
+                ledger.succeeded()
+            except FatalError:
+                raise
+            except Exception as exc:  # the ledger's store out of reach: no new batch until it answers
+                ledger.failed(exc)
+                done, _ = wait(running, timeout=ledger.wait_s) if running else (set(), None)
+                if not running:
+                    stop.wait(ledger.wait_s)
+                on_pass(self._completed(done, running, idle_until))
+                continue
             busy = set(running.values())
             due = {
                 t.key: next_batch_due(idle_until.get(t.key), started.get(t.key), spacing)

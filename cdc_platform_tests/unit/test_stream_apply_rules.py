@@ -973,3 +973,57 @@ def test_the_apply_command_takes_sources_groups_and_once() -> None:
     assert (args.source, args.group, args.once) == (["shop"], ["big", "small"], True)
     whole = build_parser().parse_args(["apply", "--all"])
     assert (whole.all, whole.group, whole.once) == (True, None, False)
+
+
+def test_the_continuous_apply_waits_out_a_ledger_it_cannot_reach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The apply's own ledger reads (the committed generations, its lease) failing, as a
+    store out of reach does, are waited out with backoff: the long-running process goes on
+    instead of ending, and reads again once the store answers."""
+    import threading
+
+    from cdc_platform.config.model import ApplyConfig, ApplyEngine
+    from cdc_platform.lake.apply import StreamApply
+
+    ledger = Ledger(str(tmp_path))
+    calls, stop = [], threading.Event()
+
+    def committed_all() -> dict[str, Any]:
+        calls.append(len(calls))
+        if len(calls) <= 2:
+            raise OSError("the store does not answer (injected)")
+        if len(calls) >= 4:
+            stop.set()
+        return {}
+
+    monkeypatch.setattr(ledger, "committed_all", committed_all)
+    settings = ApplyConfig(engine=ApplyEngine.STREAM, trigger_interval_s=0.05)
+    with StreamApply(None, ledger, None, [], settings) as engine:  # type: ignore[arg-type]
+        engine.run_forever(stop)
+    assert len(calls) >= 4
+
+
+def test_an_apply_whose_lease_another_host_took_while_it_could_not_renew_stops(tmp_path: Path) -> None:
+    """An apply on another host sees only heartbeats: once this one's are older than the
+    TTL it may take the lease. This apply, its ledger back, must then stop, not write too."""
+    from datetime import UTC, datetime, timedelta
+
+    from cdc_platform.lake.apply import ApplyLease
+    from cdc_platform.model.leases import LEASE_TTL_S, LeaseEvent, LeaseState
+
+    ledger = Ledger(str(tmp_path))
+    lease = ApplyLease(ledger, ["apply:shop"])
+    now = datetime.now(UTC)
+
+    def heartbeat(at: datetime) -> LeaseEvent:
+        return LeaseEvent("apply:shop", lease.holder, lease.host, lease.pid, LeaseState.HELD, at)
+
+    ledger.record_lease(heartbeat(now - timedelta(seconds=LEASE_TTL_S + 60)))  # its last one, long ago
+    ledger.record_lease(LeaseEvent("apply:shop", "h2:7:other", "h2", 7, LeaseState.HELD, now - timedelta(seconds=5)))
+    lease.held = True
+    with pytest.raises(FatalError, match="another process took it") as lost:
+        lease.confirm()
+    assert lost.value.reason == "apply_lease_lost"
+    ledger.record_lease(heartbeat(now))  # had its heartbeat been written in time: still its lease
+    lease.confirm()
