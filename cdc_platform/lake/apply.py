@@ -102,11 +102,13 @@ from cdc_platform.model.leases import (
 )
 from cdc_platform.model.state import CurrentPosition
 from cdc_platform.model.windows import BatchPlan, next_batch_due, next_batch_ranges, window_key, window_start
+from cdc_platform.sources.backoff import Backoff
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("cdc_platform.apply")
+LEDGER_RETRY_MAX_S = 30.0  # the longest wait between tries of the continuous apply's own ledger calls
 
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 60.0
@@ -206,24 +208,6 @@ def load_state(ledger: Ledger, table: LakeTable, committed: Generation) -> Table
 def continues(frontier: dict[int, int], plan: BatchPlan) -> bool:
     """The plan reads on from ``frontier`` (every range starts where the frontier stands)."""
     return all(r.start == frontier.get(r.partition, 0) for r in plan.ranges)
-
-
-class LedgerRetry:
-    """The continuous apply's own reads and writes of the ledger (its lease, the committed
-    generations) failing: each failure is logged as retriable and waited out, doubling from
-    1 s to 30 s, with no new batch started meanwhile; a table's batches retry on their own."""
-
-    def __init__(self) -> None:
-        self.failing, self.wait_s = False, 1.0
-
-    def failed(self, exc: Exception) -> None:
-        log.warning("the ledger could not be read or written (retriable; retrying in %.0f s): %s", self.wait_s, exc)
-        if self.failing:
-            self.wait_s = min(self.wait_s * 2, 30.0)
-        self.failing = True
-
-    def succeeded(self) -> None:
-        self.failing, self.wait_s = False, 1.0
 
 
 class ApplyLease:
@@ -458,26 +442,24 @@ class StreamApply:
         started: dict[str, float] = {}  # when each table's last batch started (min_batch_interval_s)
         committed: dict[str, Generation] = {}
         read_at = -float("inf")
-        ledger = LedgerRetry()
+        # the process's own ledger reads and writes (its lease, the committed generations) failing,
+        # as a store out of reach does: waited out, no new batch meanwhile (batches in flight finish)
+        ledger = Backoff(LEDGER_RETRY_MAX_S, None, stop.wait, log)
         while not stop.is_set():
             now = time.monotonic()
             try:
-                if ledger.failing:  # heartbeats were missed: is the lease still ours?
+                if ledger.failing_since is not None:  # heartbeats were missed: is the lease still ours?
                     self.lease.confirm()
                 if not self.lease.held:
                     self.lease.acquire()
                 self.lease.heartbeat()
                 if now - read_at >= interval:  # a generation committed meanwhile is seen within one interval
                     committed, read_at = self.ledger.committed_all(), now
-                ledger.succeeded()
+                ledger.reset()
             except FatalError:
                 raise
-            except Exception as exc:  # the ledger's store out of reach: no new batch until it answers
-                ledger.failed(exc)
-                done, _ = wait(running, timeout=ledger.wait_s) if running else (set(), None)
-                if not running:
-                    stop.wait(ledger.wait_s)
-                on_pass(self._completed(done, running, idle_until))
+            except Exception as exc:
+                ledger.failed(RetriableError(f"the ledger could not be read or written: {exc}"))
                 continue
             busy = set(running.values())
             due = {

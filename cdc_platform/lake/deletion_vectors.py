@@ -129,8 +129,12 @@ def replay(actions: Iterable[Mapping[str, Any]], state: VectorState | None = Non
 def read_log(table_path: str) -> VectorState:
     """The table's log replayed from its newest checkpoint (or its first commit)."""
     fs, root = table_filesystem(table_path)
+    return _read_log(fs, root, list(_listing(fs, f"{root}/_delta_log")))
+
+
+def _read_log(fs: pafs.FileSystem, root: str, names: list[str]) -> VectorState:
+    """The log whose files ``names`` (of ``<root>/_delta_log``) are, replayed."""
     log_dir = f"{root}/_delta_log"
-    names = list(_listing(fs, log_dir))
     commits = sorted(int(m.group(1)) for m in map(_COMMIT.match, names) if m)
     if not commits:
         raise UnreadLog("no commit in the log")
@@ -232,12 +236,13 @@ def delete_replaced_vectors(table_path: str, retain_hours: float, now: float | N
 
     fs, root = table_filesystem(table_path)
     on_disk = vector_files_on_disk(fs, root)
-    if not on_disk or not _listing(fs, f"{root}/_delta_log"):
+    log_names = list(_listing(fs, f"{root}/_delta_log")) if on_disk else []
+    if not log_names:
         return []  # a table without vectors at its root: Spark writes them there (no random prefixes)
     now = time.time() if now is None else now
     cut_s = now - retain_hours * 3600
     try:
-        in_use = read_log(table_path).in_use(removed_after_ms=int(cut_s * 1000))
+        in_use = _read_log(fs, root, log_names).in_use(removed_after_ms=int(cut_s * 1000))
     except UnreadLog as exc:
         log.info("%s: replaced deletion vectors are left for Spark's VACUUM: %s", table_path, exc)
         return []

@@ -1,4 +1,5 @@
-"""Waiting between retries of retriable errors, shared by every capture's run loop."""
+"""Waiting between retries of retriable errors, shared by every capture's run loop and the
+continuous apply's."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ class Backoff:
     without a success in between (None: never) the error is raised instead."""
 
     def __init__(
-        self, max_wait_s: float, give_up_after_s: float | None, sleep: Callable[[float], None] = time.sleep
-    ) -> None:
-        self.max_wait_s, self.give_up_after_s, self.sleep = max_wait_s, give_up_after_s, sleep
+        self, max_wait_s: float, give_up_after_s: float | None, sleep: Callable[[float], object] = time.sleep,
+        logger: logging.Logger = log,
+    ) -> None:  # fmt: skip
+        self.max_wait_s, self.give_up_after_s, self.sleep, self.log = max_wait_s, give_up_after_s, sleep, logger
         self.reset()
 
     def reset(self) -> None:
@@ -31,6 +33,6 @@ class Backoff:
         self.failing_since = self.failing_since or now
         if self.give_up_after_s is not None and now - self.failing_since > self.give_up_after_s:
             raise RetriableError(f"{error} (gave up after {self.give_up_after_s:.0f} s)") from None
-        log.warning("%s; retrying in %.1f s", error, self.wait)
+        self.log.warning("%s; retrying in %.1f s", error, self.wait)
         self.sleep(self.wait)
         self.wait = min(self.wait * 2, self.max_wait_s)
