@@ -81,6 +81,7 @@ def apply_run(args: argparse.Namespace, loaded: Loaded) -> int:
     from cdc_platform.lake.tables import lake_table
     from cdc_platform.orchestration.resources import CdcSparkResource
     from cdc_platform.sources import open_source
+    from cdc_platform.sources.base import CaptureWatch
 
     configure_process_logging()
     config = loaded.config
@@ -104,11 +105,11 @@ def apply_run(args: argparse.Namespace, loaded: Loaded) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
         formats = {name: source.format_position for name, source in sources.items()}
-        engine.run_forever(stop, on_pass=_reporter(tables, formats, engine.positions))
+        engine.run_forever(stop, on_pass=_reporter(tables, formats, engine.positions, CaptureWatch(sources)))
     return 0
 
 
-def _reporter(tables: list[Any], formats: Any, positions: Any) -> Any:
+def _reporter(tables: list[Any], formats: Any, positions: Any, capture: Any) -> Any:
     """Runless materializations to the Dagster instance of ``$DAGSTER_HOME`` (the demo's),
     throttled; none when no instance is configured."""
     import os
@@ -120,4 +121,4 @@ def _reporter(tables: list[Any], formats: Any, positions: Any) -> Any:
 
     from cdc_platform.orchestration.reporting import RunlessReporter
 
-    return RunlessReporter(dg.DagsterInstance.get(), tables, str, positions=positions, formats=formats)
+    return RunlessReporter(dg.DagsterInstance.get(), tables, str, positions=positions, formats=formats, capture=capture)

@@ -17,6 +17,7 @@ from cdc_platform.orchestration.failures import failures_mapped
 from cdc_platform.orchestration.keys import apply_job_name
 from cdc_platform.orchestration.reporting import RunlessReporter
 from cdc_platform.orchestration.resources import CdcSparkResource, KafkaResource, LedgerResource, SourcesResource
+from cdc_platform.sources.base import CaptureWatch
 
 IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
              dg.DagsterRunStatus.STARTED]  # fmt: skip
@@ -48,7 +49,10 @@ def build_apply_job(config: PlatformConfig, source: str) -> dg.JobDefinition:
             applied = engine.run_until_caught_up()
         batches = sum(a.batch is not None for a in applied)
         context.log.info(f"source {source}: {batches} micro-batch(es) over {len(tables)} table(s), caught up")
-        reporter = RunlessReporter(context.instance, lake_tables, src.format_position, emit=context.log_event)
+        reporter = RunlessReporter(
+            context.instance, lake_tables, src.format_position, emit=context.log_event,
+            capture=CaptureWatch({source: src}),
+        )  # fmt: skip
         reporter.report_run(applied)
 
     @dg.job(

@@ -17,7 +17,7 @@ from cdc_platform.lake.maintenance import Vacuumed
 from cdc_platform.lake.schema_registry import SchemaReport
 from cdc_platform.lake.snapshot import SnapshotResult
 from cdc_platform.model.chunks import WaveProgress
-from cdc_platform.sources.base import MetricValue, Observation
+from cdc_platform.sources.base import CaptureSilence, MetricValue, Observation
 
 Metadata = dict[str, Any]
 
@@ -124,10 +124,12 @@ def changelog_metadata(result: WindowResult, position: Callable[[int], str]) -> 
 
 
 def current_metadata(
-    result: CurrentResult, position: Callable[[int], str], offsets_behind: int | None = None
-) -> Metadata:
+    result: CurrentResult, position: Callable[[int], str], offsets_behind: int | None = None,
+    capture: CaptureSilence | None = None,
+) -> Metadata:  # fmt: skip
     """``offsets_behind``: for a streamed table, the Kafka offsets not yet applied when the pass
-    read the topics (0: caught up, so it is not behind however old its last change is)."""
+    read the topics (0: caught up, so it is not behind however old its last change is, while
+    ``capture``, how long the source's capture has been silent, shows it running)."""
     metadata: Metadata = {
         "dagster/row_count": dg.MetadataValue.int(result.rows),
         "rows": dg.MetadataValue.int(result.rows),
@@ -145,9 +147,11 @@ def current_metadata(
         metadata["offsets_behind"] = dg.MetadataValue.int(offsets_behind)
     if result.last_source_ts is not None:
         metadata["last_source_commit"] = dg.MetadataValue.timestamp(result.last_source_ts)
-    lag = freshness_lag_s(result, offsets_behind)
+    lag = freshness_lag_s(result, offsets_behind, capture)
     if lag is not None:
         metadata["freshness_lag_s"] = dg.MetadataValue.float(lag)
+    if capture is not None:
+        metadata["capture_silent_s"] = dg.MetadataValue.float(round(capture.seconds, 1))
     return metadata
 
 
@@ -162,23 +166,28 @@ def vacuum_metadata(vacuumed: Vacuumed) -> Metadata:
     return metadata
 
 
-def is_fresh(result: CurrentResult, offsets_behind: int | None, within_s: float, waited_s: float | None = None) -> bool:
+def is_fresh(
+    result: CurrentResult, offsets_behind: int | None, within_s: float, waited_s: float | None = None,
+    capture: CaptureSilence | None = None,
+) -> bool:  # fmt: skip
     """Current within ``within_s`` (``tables[].checks.fresh_within_s``) of the source, caught
-    up, or its lag unknown; and no change applied since the last report waited longer than
-    that from its commit to current (``waited_s``, the longest). Current lags the source most
-    just before a batch commits, by that batch's oldest change's wait: a lag read at a
-    batch's end (its newest change's wait) alone passed a table whose changes each waited
-    minutes for their batch."""
-    lag = freshness_lag_s(result, offsets_behind)
+    up (with capture running), or its lag unknown; and no change applied since the last
+    report waited longer than that from its commit to current (``waited_s``, the longest).
+    Current lags the source most just before a batch commits, by that batch's oldest
+    change's wait: a lag read at a batch's end (its newest change's wait) alone passed a
+    table whose changes each waited minutes for their batch."""
+    lag = freshness_lag_s(result, offsets_behind, capture)
     return (lag is None or lag <= within_s) and (waited_s is None or waited_s <= within_s)
 
 
 def fresh_check_metadata(
     result: CurrentResult, offsets_behind: int | None, within_s: float, eta_s: float | None = None,
-    waited_s: float | None = None,
+    waited_s: float | None = None, capture: CaptureSilence | None = None,
 ) -> Metadata:  # fmt: skip
-    lag = freshness_lag_s(result, offsets_behind)
+    lag = freshness_lag_s(result, offsets_behind, capture)
     metadata: Metadata = {"fresh_within_s": dg.MetadataValue.float(within_s)}
+    if capture is not None:
+        metadata["capture_silent_s"] = dg.MetadataValue.float(round(capture.seconds, 1))
     if lag is not None:
         metadata["freshness_lag_s"] = dg.MetadataValue.float(round(lag, 1))
     if waited_s is not None:
@@ -194,9 +203,18 @@ def catch_up_metadata(offsets_behind: int | None, eta_s: float | None) -> Metada
 
 
 def fresh_check_description(
-    result: CurrentResult, offsets_behind: int | None, within_s: float, source: str, waited_s: float | None = None
-) -> str | None:
-    lag = freshness_lag_s(result, offsets_behind)
+    result: CurrentResult, offsets_behind: int | None, within_s: float, source: str, waited_s: float | None = None,
+    capture: CaptureSilence | None = None,
+) -> str | None:  # fmt: skip
+    lag = freshness_lag_s(result, offsets_behind, capture)
+    if lag is not None and lag > within_s and capture is not None and capture.stalled and capture.seconds >= lag:
+        return (
+            f"capture of source '{source}' has shown no sign of reading the source for {capture.seconds:.0f} s (a "
+            f"running one is never silent longer than {capture.stalled_after_s:g} s): changes committed since are "
+            "not in Kafka, so "
+            f"current may be that far behind the source, more than {within_s:.0f} s "
+            f"(tables[].checks.fresh_within_s), though it holds everything Kafka has; {capture.advice}"
+        )
     if lag is not None and lag > within_s:
         return (
             f"current is {lag:.0f} s behind the source ({offsets_behind} offset(s) not applied), more than "
@@ -214,14 +232,23 @@ def fresh_check_description(
     return None
 
 
-def freshness_lag_s(result: CurrentResult, offsets_behind: int | None) -> float | None:
+def freshness_lag_s(
+    result: CurrentResult, offsets_behind: int | None, capture: CaptureSilence | None = None
+) -> float | None:
     """How far current is behind the source: 0 when caught up (however old its last change),
-    else the age of the newest change it holds; None when neither is known."""
+    else the age of the newest change it holds; None when neither is known. Either way at
+    least as long as capture has been silent, once it is stalled: caught up with Kafka
+    is not caught up with the source when nothing puts the source's changes in Kafka (a
+    check that passed while capture was down for an hour)."""
     if offsets_behind == 0:
-        return 0.0
-    if result.last_source_ts is None:
-        return None
-    return (datetime.now(UTC) - result.last_source_ts).total_seconds()
+        lag: float | None = 0.0
+    elif result.last_source_ts is None:
+        lag = None
+    else:
+        lag = (datetime.now(UTC) - result.last_source_ts).total_seconds()
+    if capture is not None and capture.stalled:
+        return max(lag or 0.0, capture.seconds)
+    return lag
 
 
 def changelog_day_metadata(day: ChangelogDay) -> Metadata:

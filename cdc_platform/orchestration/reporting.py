@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
+from cdc_platform.config.model import TableConfig
 from cdc_platform.lake import driver_batch
 from cdc_platform.lake.apply import TableApplied
 from cdc_platform.lake.changelog import ChangelogDay
@@ -61,6 +62,7 @@ from cdc_platform.orchestration.metadata import (
     vacuum_metadata,
 )
 from cdc_platform.orchestration.partitions import changelog_days_partitions, day_partition_key
+from cdc_platform.sources.base import CaptureSilence
 
 log = logging.getLogger("cdc_platform.apply")
 
@@ -94,16 +96,19 @@ class RunlessReporter:
         idle_every_s: float = IDLE_REPORT_EVERY_S,
         formats: Mapping[str, Callable[[int], str]] | None = None,
         emit: Callable[[dg.AssetMaterialization | dg.AssetObservation], None] | None = None,
+        capture: Callable[[TableConfig], CaptureSilence | None] = lambda _table: None,
     ) -> None:
         """``position`` formats source positions (LSNs, a polled database's clock); ``formats``
         overrides it per source when one apply applies several. ``emit``: where events go
-        (default: runless events of ``instance``; a Dagster run passes its own log)."""
+        (default: runless events of ``instance``; a Dagster run passes its own log).
+        ``capture``: how long a table's capture has been silent (``sources.base.CaptureWatch``),
+        so a table caught up with Kafka while nothing captures the source is not reported fresh."""
         self.instance, self.position, self.every_s, self.clock = instance, position, every_s, clock
         self.formats = dict(formats or {})
         self.emit = emit or instance.report_runless_asset_event
         # check evaluations are runless events in both modes (a scheduled run's log takes its asset events)
         self.emit_check: Callable[[dg.AssetCheckEvaluation], None] = instance.report_runless_asset_event
-        self.positions, self.idle_every_s = positions, idle_every_s
+        self.positions, self.idle_every_s, self.capture = positions, idle_every_s, capture
         self.tables = {t.key: t for t in tables}
         self.last: dict[str, float] = {}  # per table: the last report of current
         self.behind: set[str] = set()  # tables whose last report was further behind than their fresh_within_s
@@ -142,7 +147,9 @@ class RunlessReporter:
         # back within reach of the source after a report that was behind: at once, so the
         # fresh check turns green when current does, not a throttle period later
         within_s = self.tables[key].config.checks.fresh_within_s
-        caught_up = key in self.behind and is_fresh(item.current, item.offsets_behind, within_s, waited)
+        caught_up = key in self.behind and is_fresh(
+            item.current, item.offsets_behind, within_s, waited, self.capture(self.tables[key].config)
+        )
         if not (due or caught_up):
             return
         changes = self.changes_since.pop(key)
@@ -185,8 +192,9 @@ class RunlessReporter:
         """``waited_s``: the longest commit -> current of the changes applied since the last report;
         ``vacuumed``: the VACUUMs of old files since then."""
         config = self.tables[key].config
+        capture = self.capture(config)
         metadata = {
-            **current_metadata(result, self.formats.get(config.source, self.position), offsets_behind),
+            **current_metadata(result, self.formats.get(config.source, self.position), offsets_behind, capture),
             # everything applied since the last report (the throttle folds micro-batches)
             "changes_applied": dg.MetadataValue.int(changes),
             "engine": dg.MetadataValue.text("stream"),
@@ -201,13 +209,15 @@ class RunlessReporter:
         if result.history is not None:
             self.emit(dg.AssetObservation(asset_key=history_asset_key(config), metadata=history_metadata(result)))
         within_s = config.checks.fresh_within_s
-        fresh = is_fresh(result, offsets_behind, within_s, waited_s)
+        fresh = is_fresh(result, offsets_behind, within_s, waited_s, capture)
         (self.behind.discard if fresh else self.behind.add)(key)
         self.emit_check(
             dg.AssetCheckEvaluation(
                 asset_key=current_asset_key(config), check_name=FRESH_CHECK, passed=fresh,
-                metadata=fresh_check_metadata(result, offsets_behind, within_s, eta_s, waited_s),
-                description=fresh_check_description(result, offsets_behind, within_s, config.source, waited_s),
+                metadata=fresh_check_metadata(result, offsets_behind, within_s, eta_s, waited_s, capture),
+                description=fresh_check_description(
+                    result, offsets_behind, within_s, config.source, waited_s, capture
+                ),
             )
         )  # fmt: skip
 

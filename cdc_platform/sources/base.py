@@ -9,8 +9,10 @@ which kind it talks to: it asks the interface and reads the answers' data.
 
 from __future__ import annotations
 
+import logging
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +108,22 @@ class Signal:
 
 
 @dataclass(frozen=True)
+class CaptureSilence:
+    """How long capture has shown no sign of reading the source to its end (a heartbeat, a
+    poll that read a table to the end), and how long a running one is ever silent. A
+    capture that died or was never restarted leaves Kafka with nothing new, so a lake
+    caught up with Kafka looks fresh while the source moves on: this tells the two apart."""
+
+    seconds: float
+    stalled_after_s: float  # no running capture is silent longer (three of its signs missed)
+    advice: str  # what to look at and how to start it, for this source's producer
+
+    @property
+    def stalled(self) -> bool:
+        return self.seconds > self.stalled_after_s
+
+
+@dataclass(frozen=True)
 class CaptureSettings:
     until_caught_up: bool = False  # stop once every change committed before the start is in Kafka
     max_reconnect_wait_s: float = 30.0
@@ -190,9 +208,43 @@ class Source(ABC):
         """The likely reason a table's topic gets nothing while the table changes."""
         return "its producer does not capture this table"
 
+    def capture_silence(self, table: TableConfig) -> CaptureSilence | None:
+        """How long capture has shown no sign of reading ``table`` to the source's end;
+        None when the source cannot tell (a producer configured without heartbeats, or a
+        capture that never ran)."""
+        return None
+
     @abstractmethod
     def wait_until_captured(self, position: int, deadline: float, stop_when_unread: bool = False) -> str:
         """Wait until every change before ``position`` is in Kafka: '' when it is, else
         why not, with the advice that fits this source. ``stop_when_unread``: give up early
         when the source can tell that nothing reads its changes (a check's evaluation wants a
         prompt answer; ``verify`` waits its whole deadline for a capture that restarts)."""
+
+
+class CaptureWatch:
+    """Capture's silence for each table, asked of its source at most every ``every_s``: a
+    stream apply reports hundreds of tables, and each report's fresh check needs it. A
+    source that cannot be asked (Kafka or the database out of reach) gives None for now,
+    logged: the check then goes by Kafka alone, as before, and applying goes on."""
+
+    def __init__(
+        self, sources: Mapping[str, Source], every_s: float = 5.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.sources, self.every_s, self.clock = sources, every_s, clock
+        self.known: dict[str, tuple[float, CaptureSilence | None]] = {}
+
+    def __call__(self, table: TableConfig) -> CaptureSilence | None:
+        now = self.clock()
+        asked = self.known.get(table.key)
+        if asked is not None and now - asked[0] < self.every_s:
+            return asked[1]
+        try:
+            silence = self.sources[table.source].capture_silence(table)
+        except Exception as exc:  # a report must not fail on it; the next one asks again
+            logging.getLogger("cdc_platform.apply").warning(
+                "%s: could not tell whether capture runs (%s); its fresh check goes by Kafka alone", table.key, exc
+            )
+            silence = None
+        self.known[table.key] = (now, silence)
+        return silence

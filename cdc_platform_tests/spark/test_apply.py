@@ -611,6 +611,7 @@ def test_a_scheduled_run_applies_what_is_available_and_reports_each_table(groupe
     from cdc_platform.orchestration.definitions import build_definitions
 
     env, started = grouped_env, datetime.now(UTC)
+    env.configure_table("items", f"checks: {{fresh_within_s: {FRESH_WITHIN_S}}}")  # the check cadence's run below
     lake, keys = Lake(env.config, spark), _keys(env)
     items, lines = keys
     _changes(env, seed=21, first_id=1)
@@ -669,6 +670,7 @@ def _the_ten_minute_run_checks_a_streamed_current(env: CaptureEnv, defs: Any, in
     current = current_asset_key(env.config.table(key))
     job = dg.define_asset_job("check_current", selection=dg.AssetSelection.assets(current))
     with env.running_capture():  # as a user runs it: the row comparison needs capture to confirm its read
+        _wait_for_a_heartbeat(env)
         run = (
             dg.Definitions.merge(defs, dg.Definitions(jobs=[job]))
             .resolve_job_def("check_current")
@@ -681,6 +683,35 @@ def _the_ten_minute_run_checks_a_streamed_current(env: CaptureEnv, defs: Any, in
                         "completeness": True}, verdicts  # fmt: skip
     fresh = next(e for e in run.get_asset_check_evaluations() if e.check_name == FRESH_CHECK)
     assert fresh.metadata["offsets_behind"].value == 0  # the apply job applied everything there was
+    assert fresh.metadata["capture_silent_s"].value < 3  # a heartbeat a second
+
+    # capture stopped: current still holds everything Kafka has, but no longer what the source
+    # has. Once no running capture would be this silent (three heartbeats) and for longer
+    # than fresh_within_s, the check fails and says what to start (it passed, 0 s behind)
+    time.sleep(FRESH_WITHIN_S + 1)
+    run = (
+        dg.Definitions.merge(defs, dg.Definitions(jobs=[job]))
+        .resolve_job_def("check_current")
+        .execute_in_process(instance=instance, raise_on_error=False)
+    )
+    fresh = next(e for e in run.get_asset_check_evaluations() if e.check_name == FRESH_CHECK)
+    assert not fresh.passed and fresh.metadata["offsets_behind"].value == 0, fresh
+    assert fresh.metadata["capture_silent_s"].value > FRESH_WITHIN_S
+    assert "capture of source 'cap' has shown no sign of reading the source" in str(fresh.description)
+    assert "cdc-platform capture run --source cap" in str(fresh.description)
+
+
+def _wait_for_a_heartbeat(env: CaptureEnv) -> None:
+    """Until the running capture's first heartbeat (a second after it starts) is in Kafka."""
+    from cdc_platform.sources import open_source
+
+    source, deadline = open_source(env.config, "cap"), time.monotonic() + 20
+    while (silence := source.capture_silence(env.config.tables[0])) is None or silence.seconds > 2:
+        assert time.monotonic() < deadline, silence
+        time.sleep(0.2)
+
+
+FRESH_WITHIN_S = 4  # the check cadence test's table: over three heartbeats of its capture (one a second)
 
 
 def test_a_re_applied_batch_finds_its_committed_append_by_the_identity_in_the_commit(

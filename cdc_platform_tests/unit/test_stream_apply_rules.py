@@ -427,6 +427,117 @@ def test_a_table_that_may_lag_sets_its_own_fresh_threshold(tmp_path: Path) -> No
     assert verdicts == [(False, 60.0), (True, 600.0)]  # five minutes behind: late by default, fresh at 10 minutes
 
 
+@pytest.mark.parametrize(
+    ("silent_s", "fresh_within_s", "fresh"),
+    [(300.0, 60.0, False), (25.0, 60.0, True), (300.0, 600.0, True), (45.0, 40.0, False)],
+    ids=["capture silent 5 min", "between heartbeats", "silent within the table's threshold", "just over"],
+)
+def test_a_table_caught_up_with_kafka_is_not_fresh_while_capture_is_silent(
+    tmp_path: Path, silent_s: float, fresh_within_s: float, fresh: bool
+) -> None:
+    """Caught up with Kafka is not caught up with the source when nothing puts the source's
+    changes in Kafka: a capture that died left every table "0 s behind" and the fresh check
+    green for as long as it stayed down. Its silence counts once no running capture would be
+    that silent (three heartbeats: 30 s), and the check says what to start."""
+    from datetime import UTC, datetime, timedelta
+
+    import dagster as dg
+
+    from cdc_platform.lake.apply import TableApplied
+    from cdc_platform.lake.current import CurrentResult
+    from cdc_platform.lake.tables import lake_table
+    from cdc_platform.orchestration.reporting import RunlessReporter
+    from cdc_platform.sources.base import CaptureSilence
+
+    text = _config(tmp_path, "    apply: {engine: stream}").read_text()
+    (tmp_path / "cdc_platform.yaml").write_text(text + f"    checks: {{fresh_within_s: {fresh_within_s}}}\n")
+    config = load_config(tmp_path / "cdc_platform.yaml")
+    table = lake_table(config, config.tables[0])
+    silence = CaptureSilence(silent_s, 30.0, "is capture running? start it: cdc-platform capture run --source shop")
+    an_hour_ago = datetime.now(UTC) - timedelta(hours=1)  # its newest change: the table is quiet
+    result = CurrentResult("g1", False, 0, 10, {0: 5}, 123, an_hour_ago, 0.1)
+    with dg.DagsterInstance.ephemeral() as instance:
+        reporter = RunlessReporter(instance, [table], position=str, capture=lambda _table: silence)
+        reporter([TableApplied(table.key, current=result, offsets_behind=0)])  # caught up with Kafka
+        [check] = _fresh_checks(instance, dg.AssetKey(["shop", "orders"]))
+        observed = instance.fetch_observations(dg.AssetKey(["shop", "orders"]), limit=1).records
+    assert check.passed is fresh
+    assert check.metadata["capture_silent_s"].value == silent_s
+    lag = check.metadata["freshness_lag_s"].value
+    assert lag == (silent_s if silent_s > 30 else 0.0)  # the table's lag, as current's observation plots it
+    assert observed[0].asset_observation.metadata["freshness_lag_s"].value == lag
+    if not fresh:
+        assert check.description is not None
+        assert f"capture of source 'shop' has shown no sign of reading the source for {silent_s:.0f} s" in (
+            check.description
+        )
+        assert "start it: cdc-platform capture run --source shop" in check.description
+    without = _fresh_check_without_capture_known(tmp_path, result)
+    assert without  # a source that cannot tell (no heartbeats): the check goes by Kafka, as before
+
+
+def _fresh_check_without_capture_known(tmp_path: Path, result: Any) -> bool:
+    import dagster as dg
+
+    from cdc_platform.lake.apply import TableApplied
+    from cdc_platform.lake.tables import lake_table
+    from cdc_platform.orchestration.reporting import RunlessReporter
+
+    config = load_config(tmp_path / "cdc_platform.yaml")
+    table = lake_table(config, config.tables[0])
+    with dg.DagsterInstance.ephemeral() as instance:
+        RunlessReporter(instance, [table], position=str)([TableApplied(table.key, current=result, offsets_behind=0)])
+        [check] = _fresh_checks(instance, dg.AssetKey(["shop", "orders"]))
+    return bool(check.passed)
+
+
+def test_capture_is_asked_once_per_interval_and_a_source_out_of_reach_is_no_verdict(tmp_path: Path) -> None:
+    """A stream apply reports hundreds of tables: the heartbeat topic or the poller's
+    cursors are asked at most every few seconds per table, and a source that cannot be
+    asked leaves the check to Kafka rather than failing the report."""
+    from cdc_platform.sources.base import CaptureSilence, CaptureWatch
+
+    config = load_config(_config(tmp_path, "    apply: {engine: stream}"))
+    table = config.tables[0]
+    asked: list[str] = []
+    answers: list[CaptureSilence | Exception] = [CaptureSilence(1.0, 30.0, ""), OSError("broker down")]
+
+    class Asked:
+        def capture_silence(self, of: Any) -> CaptureSilence | None:
+            asked.append(of.key)
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    now = [0.0]
+    watch = CaptureWatch({"shop": Asked()}, every_s=5.0, clock=lambda: now[0])  # type: ignore[dict-item]
+    first = watch(table)
+    now[0] = 4.9
+    assert watch(table) is first and first is not None and len(asked) == 1  # within 5 s: the answer kept
+    now[0] = 5.1
+    assert watch(table) is None and len(asked) == 2  # asked again; out of reach: no verdict
+
+
+def test_a_debezium_connectors_heartbeats_are_its_sign_of_life_when_it_sends_them(tmp_path: Path) -> None:
+    from cdc_platform.sources import open_source
+    from cdc_platform.sources.postgres.producer import heartbeat_every_s
+
+    def every_s(producer: str) -> float | None:
+        text = _config(tmp_path, f"    heartbeat_interval_s: 4\n{producer}").read_text()
+        (tmp_path / "cdc_platform.yaml").write_text(
+            text.replace('"127.0.0.1:9092"', '"127.0.0.1:9092", cleanup_policy: delete')
+        )
+        config = load_config(tmp_path / "cdc_platform.yaml")
+        return heartbeat_every_s(open_source(config, "shop").endpoint)  # type: ignore[attr-defined]
+
+    assert every_s("") == 4.0  # the platform's capture
+    required = "interval.handling.mode: string, snapshot.mode: no_data, skipped.operations: none, plugin.name: pgoutput"
+    debezium = "    producer: {kind: debezium, connector: shop-cdc, settings: {%s}}"
+    assert every_s(debezium % required) is None  # Debezium's default: no heartbeats, nothing to go by
+    assert every_s(debezium % f"{required}, heartbeat.interval.ms: '10000'") == 10.0
+
+
 def test_a_backlog_is_logged_with_what_is_left_and_when_it_is_done() -> None:
     from datetime import UTC, datetime, timedelta
 

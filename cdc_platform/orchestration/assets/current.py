@@ -61,7 +61,7 @@ from cdc_platform.orchestration.metadata import (
     schema_check_metadata,
 )
 from cdc_platform.orchestration.resources import CdcSparkResource, KafkaResource, LedgerResource, SourcesResource
-from cdc_platform.sources.base import Source
+from cdc_platform.sources.base import CaptureWatch, Source
 
 # current (and history) follow their inputs: a new generation or a new changelog window
 CURRENT_AUTOMATION = (
@@ -274,7 +274,8 @@ class CurrentStep:
                 f"{self.table.key}: waiting for changelog windows: {'; '.join(result.waiting_for)}"
             )
         behind_by = self.offsets_behind(result) if self.streamed else None
-        metadata = current_metadata(result, self.source.format_position, behind_by)
+        capture = CaptureWatch({self.table.source: self.source})(self.table.config) if self.streamed else None
+        metadata = current_metadata(result, self.source.format_position, behind_by, capture)
         yield dg.MaterializeResult(asset_key=self.key, metadata=metadata)
         if result.history is not None:
             yield dg.MaterializeResult(
@@ -282,9 +283,10 @@ class CurrentStep:
             )
         if self.streamed:  # the apply reports it each minute; a stopped apply reports nothing, so this run does too
             within_s = self.table.config.checks.fresh_within_s
-            description = fresh_check_description(result, behind_by, within_s, self.table.source)
-            metadata = fresh_check_metadata(result, behind_by, within_s)
-            yield self._check(FRESH_CHECK, is_fresh(result, behind_by, within_s), metadata, description)
+            description = fresh_check_description(result, behind_by, within_s, self.table.source, capture=capture)
+            metadata = fresh_check_metadata(result, behind_by, within_s, capture=capture)
+            fresh = is_fresh(result, behind_by, within_s, capture=capture)
+            yield self._check(FRESH_CHECK, fresh, metadata, description)
         yield from self.checks(schema, result, committed)
 
     def offsets_behind(self, result: CurrentResult) -> int:

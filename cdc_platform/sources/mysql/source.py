@@ -16,6 +16,7 @@ from cdc_platform.model.tables import SourceTable, TableSchema
 from cdc_platform.sources.base import (
     Capabilities,
     CaptureSettings,
+    CaptureSilence,
     JdbcRead,
     MetricValue,
     Observation,
@@ -106,11 +107,29 @@ class MysqlConnector(Source):
         cursors = {table: asdict(cursor) for table, cursor in self.stored_cursors().items()}
         return {"source": self.name, "kind": "jdbc", "cursors": cursors}
 
+    def capture_silence(self, table: TableConfig) -> CaptureSilence | None:
+        """From the table's stored cursor: a running poller records reading the table to
+        the end at least every ``CAUGHT_UP_EVERY_NS`` (database time), so it is silent no
+        longer than that plus three polls (``wait_until_captured``'s rule). A poller that
+        cannot keep up never reads to the end, and shows as silent too: it is behind the
+        source by that long."""
+        cursor = self.stored_cursors().get(table.key)
+        if cursor is None or not cursor.alive_at():
+            return None
+        seconds = (self.position() - cursor.alive_at()) / 1e9
+        advice = f"is the poller running? start it: cdc-platform capture run --source {self.name}"
+        return CaptureSilence(max(0.0, seconds), self._silent_ns() / 1e9, advice)
+
     def position_lost(self) -> str | None:
         return None  # polling has no log position to lose: its cursor is in Kafka
 
     def signals(self) -> Iterator[Signal]:
         return iter(())
+
+    def _silent_ns(self) -> int:
+        """The longest a running poller records no read to the end of a table: a quiet
+        table's record every ``CAUGHT_UP_EVERY_NS``, three polls over."""
+        return CAUGHT_UP_EVERY_NS + 3 * int(self.endpoint.config.poll_interval_s * 1_000_000_000)
 
     def wait_until_captured(self, position: int, deadline: float, stop_when_unread: bool = False) -> str:
         """A poll that began after ``position`` read the table to the end. With
@@ -119,7 +138,7 @@ class MysqlConnector(Source):
         ``CAUGHT_UP_EVERY_NS`` (a quiet table) plus a poll interval from the time it
         started, so no such record in that span, three polls over, before ``position``
         means one that died."""
-        silent_ns = CAUGHT_UP_EVERY_NS + 3 * int(self.endpoint.config.poll_interval_s * 1_000_000_000)
+        silent_ns = self._silent_ns()
         start = f"start it: cdc-platform capture run --source {self.name}"
         while True:
             cursors = self.stored_cursors()

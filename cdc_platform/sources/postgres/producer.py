@@ -18,6 +18,20 @@ def producer_label(endpoint: PostgresEndpoint) -> str:
     return f"debezium connector {debezium.connector}" if debezium else "platform capture"
 
 
+def heartbeat_every_s(endpoint: PostgresEndpoint) -> float | None:
+    """How often the source's producer writes a heartbeat record: the platform's capture
+    every ``heartbeat_interval_s``; a Debezium connector every ``heartbeat.interval.ms``,
+    None when that is 0 (Debezium's default: no heartbeats)."""
+    debezium = debezium_of(endpoint)
+    if debezium is None:
+        return endpoint.config.heartbeat_interval_s
+    try:
+        every_ms = float(debezium.setting("heartbeat.interval.ms"))
+    except ValueError:
+        return None
+    return every_ms / 1000 if every_ms > 0 else None
+
+
 def start_producer_advice(endpoint: PostgresEndpoint) -> str:
     """What to do when the source's slot does not move."""
     debezium = debezium_of(endpoint)

@@ -19,6 +19,7 @@ from cdc_platform.model.tables import SourceTable, TableSchema
 from cdc_platform.sources.base import (
     Capabilities,
     CaptureSettings,
+    CaptureSilence,
     JdbcRead,
     MetricValue,
     Observation,
@@ -29,6 +30,7 @@ from cdc_platform.sources.base import (
 from cdc_platform.sources.postgres.catalog import count_rows, rows_written
 from cdc_platform.sources.postgres.producer import (
     debezium_of,
+    heartbeat_every_s,
     lost_slot_advice,
     producer_label,
     refuse_platform_capture,
@@ -45,6 +47,9 @@ WAIT_POLL_S = 1.0
 # a capture (or Debezium task) restarting reconnects to its slot within this; a slot without a
 # reader for longer is not being read, and will not confirm a position however long one waits
 UNREAD_SLOT_GRACE_S = 4.0
+
+
+HEARTBEATS_MISSED = 3  # silent longer than three heartbeats: not a running capture between two
 
 
 class PostgresConnector(Source):
@@ -117,6 +122,18 @@ class PostgresConnector(Source):
             "wal_status": slot.wal_status, "active_pid": slot.active_pid, "lag_bytes": slot.lag_bytes,
             "current_wal_lsn": format_lsn(slot.current_wal),
         }  # fmt: skip
+
+    def capture_silence(self, table: TableConfig) -> CaptureSilence | None:
+        """From the newest heartbeat record (one for every table of the source): the
+        platform's capture sends one every ``heartbeat_interval_s`` while it runs, busy or
+        quiet; a Debezium connector every ``heartbeat.interval.ms``, when set (without it
+        there is nothing to go by)."""
+        every_s = heartbeat_every_s(self.endpoint)
+        heartbeat = last_heartbeat(self.kafka, self.endpoint) if every_s else None
+        if every_s is None or heartbeat is None or "ts_ms" not in heartbeat:
+            return None
+        seconds = time.time() - int(heartbeat["ts_ms"]) / 1000
+        return CaptureSilence(max(0.0, seconds), HEARTBEATS_MISSED * every_s, start_producer_advice(self.endpoint))
 
     def position_lost(self) -> str | None:
         with self.endpoint.connect("status") as conn:
