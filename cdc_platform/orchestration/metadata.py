@@ -217,7 +217,7 @@ def fresh_check_description(
         )
     if lag is not None and lag > within_s:
         return (
-            f"current is {lag:.0f} s behind the source ({offsets_behind} offset(s) not applied), more than "
+            f"current is {lag:.0f} s behind the source{_offsets_not_applied(offsets_behind)}, more than "
             f"{within_s:.0f} s (tables[].checks.fresh_within_s): the stream apply is behind (a backlog; its log "
             f"and catch_up_eta_s say when it is done) or not running (cdc-platform apply --source {source})"
         )
@@ -230,6 +230,10 @@ def fresh_check_description(
             "raise fresh_within_s if such a lag is acceptable for this table"
         )
     return None
+
+
+def _offsets_not_applied(offsets_behind: int | None) -> str:
+    return "" if offsets_behind is None else f" ({offsets_behind} offset(s) not applied)"
 
 
 def freshness_lag_s(

@@ -178,3 +178,50 @@ def _plain(value: Any) -> Any:
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     return value
+
+
+def test_a_checkpoint_delta_rs_wrote_over_sparks_reads_in_spark(spark: Any, tmp_path: Path) -> None:
+    """Both engines write to one table (Spark's jobs and MERGE; the driver's appends and
+    merges by delta-rs), and both write checkpoints. Hadoop's checksummed local filesystem
+    kept a ``._last_checkpoint.crc`` beside Spark's ``_last_checkpoint``, which delta-rs then
+    rewrote without it: every Spark that loaded the table afresh (the apply's start, each
+    check run, a log evicted from Delta's cache) failed the checksum three times a second
+    apart and logged the table's checkpoint as "corrupted" before listing the log instead.
+    Read here as Delta reads it: through the session's filesystem for the lake's path."""
+    import json
+
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    path = str(tmp_path / "both")
+    spark.range(3).write.format("delta").save(path)
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.checkpointInterval' = '2')")
+    spark.range(3, 6).write.format("delta").mode("append").save(path)  # version 2: Spark's checkpoint
+    log = tmp_path / "both" / "_delta_log"
+    # the sidecar Hadoop's checksummed filesystem wrote (a lake written before this change
+    # holds it; a Spark that writes none gets it here, as Hadoop computes it)
+    sidecar = log / "._last_checkpoint.crc"
+    if not sidecar.exists():
+        sidecar.write_bytes(_hadoop_crc((log / "_last_checkpoint").read_bytes()))
+    write_deltalake(path, pa.table({"id": pa.array([6], pa.int64())}), mode="append")  # version 3, delta-rs
+    DeltaTable(path).create_checkpoint()  # _last_checkpoint now names delta-rs' checkpoint of version 3
+
+    jvm = spark.sparkContext._jvm
+    last = jvm.org.apache.hadoop.fs.Path(f"file://{log / '_last_checkpoint'}")
+    fs = last.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    stream = fs.open(last)
+    try:
+        text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+    finally:
+        stream.close()
+    assert json.loads(text)["version"] == 3
+    assert sorted(r.id for r in spark.read.format("delta").load(path).collect()) == list(range(7))
+
+
+def _hadoop_crc(data: bytes) -> bytes:
+    """Hadoop's ``.crc`` sidecar of ``data``: a header, then a CRC-32 per 512 bytes."""
+    import struct
+    import zlib
+
+    chunks = (data[i : i + 512] for i in range(0, len(data), 512))
+    return b"crc\x00" + struct.pack(">i", 512) + b"".join(struct.pack(">I", zlib.crc32(c)) for c in chunks)
