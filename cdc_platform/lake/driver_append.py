@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from cdc_platform.lake.checksums import drop_stale_checkpoint_checksum
 from cdc_platform.lake.driver_merge import (
     arrow_schema_of,
     delta_rs_writes,
@@ -84,6 +85,7 @@ def append_in_driver(table: LakeTable, rows: Callable[[], pa.Table], identity: s
     except Exception as exc:  # nothing committed (the commit is delta-rs' last step): Spark appends
         refuse(table.key, table.changelog_path, "changelog appended", f"{type(exc).__name__}: {exc}")
         return False
+    drop_stale_checkpoint_checksum(table.changelog_path)
     return True
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from cdc_platform.lake.checksums import drop_stale_checkpoint_checksum
 from cdc_platform.lake.driver_merge import (
     EVENT_ORDER,
     arrow_schema_of,
@@ -126,6 +127,7 @@ def apply_history_in_driver(
         versions = _sequence(keyed, history, keys, columns)
         if versions.opened or versions.closed:
             _merge(target, _merge_source(schema, keyed, history, versions, keys, columns), keys, columns)
+            drop_stale_checkpoint_checksum(path)
     except Exception as exc:  # Spark applies the batch instead (again harmless: see the module's docstring)
         refuse(table.key, path, "history merged", f"{type(exc).__name__}: {exc}")
         return None

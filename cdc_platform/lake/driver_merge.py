@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cdc_platform.lake.checksums import drop_stale_checkpoint_checksum
 from cdc_platform.lake.tables import LakeTable
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ def merge_in_driver(
     except Exception as exc:  # Spark merges instead (a merge again is harmless: see the module's docstring)
         refuse(table.key, table.current_path, "current merged", f"{type(exc).__name__}: {exc}")
         return None
+    drop_stale_checkpoint_checksum(table.current_path)
     if remember_deletes:
         _append_deletes(table, batch, keys)
     return metrics
@@ -247,6 +249,7 @@ def _append_deletes(table: LakeTable, batch: pa.Table, keys: list[str]) -> None:
     names = [*keys, "_cdc_commit_lsn", "_cdc_lsn"]
     data = removed.select([*[f"__key_{i}" for i in range(len(keys))], "__commit", "__lsn"]).rename_columns(names)
     write_deltalake(table.deletes_path, data.cast(arrow_schema_of(DeltaTable(table.deletes_path))), mode="append")
+    drop_stale_checkpoint_checksum(table.deletes_path)
 
 
 def arrow_schema_of(target: Any) -> pa.Schema:

@@ -117,14 +117,6 @@ def session_conf(spark: SparkConfig, lake: LakeConfig | None = None) -> dict[str
         "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
         "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
         "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
-        # A local lake through Hadoop's raw local filesystem, not its checksummed one: that
-        # one writes a .crc beside each file and verifies it on read, and delta-rs (the
-        # driver's appends and merges, which write checkpoints too) rewrites _last_checkpoint
-        # without it. Every Spark that then loaded the table afresh (the apply's start, each
-        # check run, a log evicted from Delta's cache) failed the checksum three times a
-        # second apart and logged the checkpoint as corrupted. Delta's commits keep their
-        # no-overwrite rename (its log store goes through Hadoop's FileContext, not this)
-        "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
         # Python workers (the changelog's Kafka data source) run the driver's interpreter,
         # i.e. the project's venv, not whatever python3 is first on PATH
         "spark.pyspark.python": sys.executable,

@@ -181,47 +181,59 @@ def _plain(value: Any) -> Any:
 
 
 def test_a_checkpoint_delta_rs_wrote_over_sparks_reads_in_spark(spark: Any, tmp_path: Path) -> None:
-    """Both engines write to one table (Spark's jobs and MERGE; the driver's appends and
-    merges by delta-rs), and both write checkpoints. Hadoop's checksummed local filesystem
-    kept a ``._last_checkpoint.crc`` beside Spark's ``_last_checkpoint``, which delta-rs then
-    rewrote without it: every Spark that loaded the table afresh (the apply's start, each
-    check run, a log evicted from Delta's cache) failed the checksum three times a second
-    apart and logged the table's checkpoint as "corrupted" before listing the log instead.
-    Read here as Delta reads it: through the session's filesystem for the lake's path."""
+    """Both engines write one table (Spark's jobs and MERGE; the driver's appends and merges
+    by delta-rs), and both write checkpoints. Hadoop's checksummed local filesystem keeps a
+    ``._last_checkpoint.crc`` beside Spark's ``_last_checkpoint``, which delta-rs rewrites
+    without it: every Spark that loaded the table afresh (the apply's start, each check
+    run, a log evicted from Delta's cache) failed the checksum three times a second apart
+    and logged the checkpoint as corrupted. Here the driver's appends (the apply's path)
+    write a checkpoint over Spark's, and ``_last_checkpoint`` is read as Delta reads it:
+    through the session's filesystem for the lake's path."""
     import json
 
     import pyarrow as pa
-    from deltalake import DeltaTable, write_deltalake
 
-    path = str(tmp_path / "both")
+    from cdc_platform.lake.driver_append import append_in_driver
+    from cdc_platform.lake.tables import lake_table
+    from cdc_platform_tests.spark.test_apply import load_config_text
+
+    config = load_config_text(tmp_path)
+    table = lake_table(config, config.tables[0])
+    path = table.changelog_path
     spark.range(3).write.format("delta").save(path)
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.checkpointInterval' = '2')")
     spark.range(3, 6).write.format("delta").mode("append").save(path)  # version 2: Spark's checkpoint
-    log = tmp_path / "both" / "_delta_log"
-    # the sidecar Hadoop's checksummed filesystem wrote (a lake written before this change
-    # holds it; a Spark that writes none gets it here, as Hadoop computes it)
-    sidecar = log / "._last_checkpoint.crc"
-    if not sidecar.exists():
-        sidecar.write_bytes(_hadoop_crc((log / "_last_checkpoint").read_bytes()))
-    write_deltalake(path, pa.table({"id": pa.array([6], pa.int64())}), mode="append")  # version 3, delta-rs
-    DeltaTable(path).create_checkpoint()  # _last_checkpoint now names delta-rs' checkpoint of version 3
+    log = Path(path) / "_delta_log"
+    assert json.loads((log / "_last_checkpoint").read_text())["version"] == 2
+    assert (log / "._last_checkpoint.crc").exists()  # Hadoop's, beside Spark's
+    for number in (1, 2):  # versions 3 and 4: delta-rs writes a checkpoint on its interval
+        rows = pa.table({"id": pa.array([5 + number], pa.int64())})
+        assert append_in_driver(table, lambda rows=rows: rows, f"batch#{number}", "cdc_platform.apply.t", number)
+    newest = json.loads((log / "_last_checkpoint").read_text())["version"]
+    assert newest > 2  # delta-rs' checkpoint, over Spark's
 
     jvm = spark.sparkContext._jvm
     last = jvm.org.apache.hadoop.fs.Path(f"file://{log / '_last_checkpoint'}")
-    fs = last.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    stream = fs.open(last)
+    stream = last.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).open(last)
     try:
         text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
     finally:
         stream.close()
-    assert json.loads(text)["version"] == 3
-    assert sorted(r.id for r in spark.read.format("delta").load(path).collect()) == list(range(7))
+    assert json.loads(text)["version"] == newest
+    assert sorted(r.id for r in spark.read.format("delta").load(path).collect()) == list(range(8))
 
 
-def _hadoop_crc(data: bytes) -> bytes:
-    """Hadoop's ``.crc`` sidecar of ``data``: a header, then a CRC-32 per 512 bytes."""
-    import struct
-    import zlib
+def test_hadoops_checksum_is_computed_as_hadoop_writes_it(spark: Any, tmp_path: Path) -> None:
+    """``lake/checksums.py`` keeps a checksum that matches and drops one that does not: both
+    need its reckoning to be Hadoop's, byte for byte (a file over one 512-byte chunk)."""
+    from cdc_platform.lake.checksums import drop_stale_checkpoint_checksum, hadoop_checksum
 
-    chunks = (data[i : i + 512] for i in range(0, len(data), 512))
-    return b"crc\x00" + struct.pack(">i", 512) + b"".join(struct.pack(">I", zlib.crc32(c)) for c in chunks)
+    path = tmp_path / "t"
+    spark.range(40).write.format("delta").option("delta.checkpointInterval", "1").save(str(path))
+    spark.range(40, 80).write.format("delta").mode("append").save(str(path))  # with Spark's checkpoint
+    log = path / "_delta_log"
+    written = sorted(log.glob(".*.json.crc"))
+    assert written and all(hadoop_checksum((log / c.name[1:-4]).read_bytes()) == c.read_bytes() for c in written)
+    assert not drop_stale_checkpoint_checksum(str(path)) and (log / "._last_checkpoint.crc").exists()
+    (log / "_last_checkpoint").write_text((log / "_last_checkpoint").read_text().replace("}", ', "x": 1}', 1))
+    assert drop_stale_checkpoint_checksum(str(path)) and not (log / "._last_checkpoint.crc").exists()
