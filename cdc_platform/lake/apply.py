@@ -461,6 +461,9 @@ class StreamApply:
             except Exception as exc:
                 ledger.failed(RetriableError(f"the ledger could not be read or written: {exc}"))
                 continue
+            # after the ledger's calls, which take a while on a busy machine or an object store:
+            # a batch's spacing counts from when it starts, not from when this round began
+            now = time.monotonic()
             busy = set(running.values())
             due = {
                 t.key: next_batch_due(idle_until.get(t.key), started.get(t.key), spacing)
@@ -475,7 +478,7 @@ class StreamApply:
             watermarks = self._watermarks_of([t for t, _ in ready])
             for table, generation in ready:
                 running[self.pool.submit(self._apply_kept, table, generation, watermarks.get(table.topic))] = table.key
-                started[table.key] = now
+                started[table.key] = time.monotonic()  # after asking Kafka for the watermarks
             # wake for the next table that falls due, and at least once an interval
             wake = max(0.05, min([d for d in due.values() if d > now] + [now + interval]) - now)
             if not running:
