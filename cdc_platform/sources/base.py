@@ -208,11 +208,11 @@ class Source(ABC):
         """The likely reason a table's topic gets nothing while the table changes."""
         return "its producer does not capture this table"
 
-    def capture_silence(self, table: TableConfig) -> CaptureSilence | None:
-        """How long capture has shown no sign of reading ``table`` to the source's end;
-        None when the source cannot tell (a producer configured without heartbeats, or a
-        capture that never ran)."""
-        return None
+    def capture_silences(self) -> Mapping[str, CaptureSilence]:
+        """How long capture has shown no sign of reading each table (by key) to the source's
+        end, in one ask of the source; tables it cannot tell about are left out (a producer
+        configured without heartbeats, a capture that never ran)."""
+        return {}
 
     @abstractmethod
     def wait_until_captured(self, position: int, deadline: float, stop_when_unread: bool = False) -> str:
@@ -224,27 +224,29 @@ class Source(ABC):
 
 class CaptureWatch:
     """Capture's silence for each table, asked of its source at most every ``every_s``: a
-    stream apply reports hundreds of tables, and each report's fresh check needs it. A
-    source that cannot be asked (Kafka or the database out of reach) gives None for now,
-    logged: the check then goes by Kafka alone, as before, and applying goes on."""
+    stream apply reports hundreds of tables, and each report's fresh check needs it, while
+    one ask (the newest heartbeat, or the poller's stored cursors) answers for every table
+    of a source. A source that cannot be asked (Kafka or the database out of reach) gives
+    no answer for now, logged: the check then goes by Kafka alone, as before, and applying
+    goes on."""
 
     def __init__(
         self, sources: Mapping[str, Source], every_s: float = 5.0, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.sources, self.every_s, self.clock = sources, every_s, clock
-        self.known: dict[str, tuple[float, CaptureSilence | None]] = {}
+        self.known: dict[str, tuple[float, Mapping[str, CaptureSilence]]] = {}
 
     def __call__(self, table: TableConfig) -> CaptureSilence | None:
         now = self.clock()
-        asked = self.known.get(table.key)
-        if asked is not None and now - asked[0] < self.every_s:
-            return asked[1]
-        try:
-            silence = self.sources[table.source].capture_silence(table)
-        except Exception as exc:  # a report must not fail on it; the next one asks again
-            logging.getLogger("cdc_platform.apply").warning(
-                "%s: could not tell whether capture runs (%s); its fresh check goes by Kafka alone", table.key, exc
-            )
-            silence = None
-        self.known[table.key] = (now, silence)
-        return silence
+        asked = self.known.get(table.source)
+        if asked is None or now - asked[0] >= self.every_s:
+            try:
+                silences = self.sources[table.source].capture_silences()
+            except Exception as exc:  # a report must not fail on it; the next one asks again
+                logging.getLogger("cdc_platform.apply").warning(
+                    "source %s: could not tell whether capture runs (%s); its tables' fresh checks go by Kafka alone",
+                    table.source, exc,
+                )  # fmt: skip
+                silences = {}
+            asked = self.known[table.source] = (now, silences)
+        return asked[1].get(table.key)

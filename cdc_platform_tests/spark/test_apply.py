@@ -706,7 +706,7 @@ def _wait_for_a_heartbeat(env: CaptureEnv) -> None:
     from cdc_platform.sources import open_source
 
     source, deadline = open_source(env.config, "cap"), time.monotonic() + 20
-    while (silence := source.capture_silence(env.config.tables[0])) is None or silence.seconds > 2:
+    while (silence := source.capture_silences().get(env.config.tables[0].key)) is None or silence.seconds > 2:
         assert time.monotonic() < deadline, silence
         time.sleep(0.2)
 

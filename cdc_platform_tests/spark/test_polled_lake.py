@@ -409,14 +409,14 @@ def test_a_change_the_cursor_passed_over_fails_completeness(env: PollingEnv, spa
         with env.running_poller(before_polling=started_not_yet_polled):
             source = open_source(env.config, env.source)
             assert not source.stored_cursors()[key].stopped, "a started poller still looks exited to a waiting check"
-            silence = source.capture_silence(env.config.table(key))
+            silence = source.capture_silences().get(key)
             assert silence is not None and not silence.stalled, silence  # the fresh check's view: polling
             return lake.completeness(key)
 
     # a poller started after a silence longer than a dead poller's (a quiet hour, a redeploy)
     # is alive before its first full read: the check must wait for that read, not give up
     _wait_past_the_silence_of_a_dead_poller(env, key)
-    silence = open_source(env.config, env.source).capture_silence(env.config.table(key))
+    silence = open_source(env.config, env.source).capture_silences().get(key)
     assert silence is not None and silence.stalled, silence  # the fresh check's view: nothing polls
     assert "cdc-platform capture run --source crm" in silence.advice
     report = completeness_while_polling()

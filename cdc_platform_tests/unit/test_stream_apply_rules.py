@@ -492,19 +492,24 @@ def _fresh_check_without_capture_known(tmp_path: Path, result: Any) -> bool:
 
 
 def test_capture_is_asked_once_per_interval_and_a_source_out_of_reach_is_no_verdict(tmp_path: Path) -> None:
-    """A stream apply reports hundreds of tables: the heartbeat topic or the poller's
-    cursors are asked at most every few seconds per table, and a source that cannot be
-    asked leaves the check to Kafka rather than failing the report."""
+    """A stream apply reports hundreds of tables: a source's capture (its newest heartbeat,
+    or the poller's cursors) is asked at most every few seconds, once for all its tables,
+    and a source that cannot be asked leaves the check to Kafka rather than failing the
+    report."""
     from cdc_platform.sources.base import CaptureSilence, CaptureWatch
 
-    config = load_config(_config(tmp_path, "    apply: {engine: stream}"))
-    table = config.tables[0]
-    asked: list[str] = []
-    answers: list[CaptureSilence | Exception] = [CaptureSilence(1.0, 30.0, ""), OSError("broker down")]
+    text = _config(tmp_path, "    apply: {engine: stream}").read_text()
+    config = load_config(_write(tmp_path, text + "  - name: shop.public.lines\n"))
+    orders, lines = config.tables
+    asked: list[int] = []
+    answers: list[dict[str, CaptureSilence] | Exception] = [
+        {orders.key: CaptureSilence(1.0, 30.0, "")},  # lines: nothing to go by
+        OSError("broker down"),
+    ]
 
     class Asked:
-        def capture_silence(self, of: Any) -> CaptureSilence | None:
-            asked.append(of.key)
+        def capture_silences(self) -> dict[str, CaptureSilence]:
+            asked.append(1)
             answer = answers.pop(0)
             if isinstance(answer, Exception):
                 raise answer
@@ -512,11 +517,18 @@ def test_capture_is_asked_once_per_interval_and_a_source_out_of_reach_is_no_verd
 
     now = [0.0]
     watch = CaptureWatch({"shop": Asked()}, every_s=5.0, clock=lambda: now[0])  # type: ignore[dict-item]
-    first = watch(table)
+    first = watch(orders)
     now[0] = 4.9
-    assert watch(table) is first and first is not None and len(asked) == 1  # within 5 s: the answer kept
+    assert watch(orders) is first and first is not None and watch(lines) is None
+    assert len(asked) == 1  # within 5 s, for every table of the source: one ask
     now[0] = 5.1
-    assert watch(table) is None and len(asked) == 2  # asked again; out of reach: no verdict
+    assert watch(orders) is None and len(asked) == 2  # asked again; out of reach: no verdict
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cdc_platform.yaml"
+    path.write_text(text)
+    return path
 
 
 def test_a_debezium_connectors_heartbeats_are_its_sign_of_life_when_it_sends_them(tmp_path: Path) -> None:

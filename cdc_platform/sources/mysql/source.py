@@ -4,7 +4,7 @@ stream, a parallel JDBC read for generations, the database clock as the position
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -107,18 +107,20 @@ class MysqlConnector(Source):
         cursors = {table: asdict(cursor) for table, cursor in self.stored_cursors().items()}
         return {"source": self.name, "kind": "jdbc", "cursors": cursors}
 
-    def capture_silence(self, table: TableConfig) -> CaptureSilence | None:
-        """From the table's stored cursor: a running poller records reading the table to
-        the end at least every ``CAUGHT_UP_EVERY_NS`` (database time), so it is silent no
-        longer than that plus three polls (``wait_until_captured``'s rule). A poller that
-        cannot keep up never reads to the end, and shows as silent too: it is behind the
-        source by that long."""
-        cursor = self.stored_cursors().get(table.key)
-        if cursor is None or not cursor.alive_at():
-            return None
-        seconds = (self.position() - cursor.alive_at()) / 1e9
+    def capture_silences(self) -> Mapping[str, CaptureSilence]:
+        """From the tables' stored cursors: a running poller records reading a table to the
+        end at least every ``CAUGHT_UP_EVERY_NS`` (database time), so it is silent no longer
+        than that plus three polls (``wait_until_captured``'s rule). A poller that cannot
+        keep up with a table never reads it to the end, and shows as silent too: it is
+        behind the source by that long."""
+        cursors = self.stored_cursors()
+        alive = {t.key: cursors[t.key].alive_at() for t in self.endpoint.tables if t.key in cursors}
+        alive = {key: at for key, at in alive.items() if at}
+        if not alive:
+            return {}
+        now, silent_s = self.position(), self._silent_ns() / 1e9
         advice = f"is the poller running? start it: cdc-platform capture run --source {self.name}"
-        return CaptureSilence(max(0.0, seconds), self._silent_ns() / 1e9, advice)
+        return {key: CaptureSilence(max(0.0, (now - at) / 1e9), silent_s, advice) for key, at in alive.items()}
 
     def position_lost(self) -> str | None:
         return None  # polling has no log position to lose: its cursor is in Kafka

@@ -4,7 +4,7 @@ exported MVCC snapshots for generations, the replication slot as the source offs
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 
@@ -123,17 +123,18 @@ class PostgresConnector(Source):
             "current_wal_lsn": format_lsn(slot.current_wal),
         }  # fmt: skip
 
-    def capture_silence(self, table: TableConfig) -> CaptureSilence | None:
-        """From the newest heartbeat record (one for every table of the source): the
+    def capture_silences(self) -> Mapping[str, CaptureSilence]:
+        """From the newest heartbeat record, one for every table of the source: the
         platform's capture sends one every ``heartbeat_interval_s`` while it runs, busy or
         quiet; a Debezium connector every ``heartbeat.interval.ms``, when set (without it
         there is nothing to go by)."""
         every_s = heartbeat_every_s(self.endpoint)
         heartbeat = last_heartbeat(self.kafka, self.endpoint) if every_s else None
         if every_s is None or heartbeat is None or "ts_ms" not in heartbeat:
-            return None
-        seconds = time.time() - int(heartbeat["ts_ms"]) / 1000
-        return CaptureSilence(max(0.0, seconds), HEARTBEATS_MISSED * every_s, start_producer_advice(self.endpoint))
+            return {}
+        seconds = max(0.0, time.time() - int(heartbeat["ts_ms"]) / 1000)
+        silence = CaptureSilence(seconds, HEARTBEATS_MISSED * every_s, start_producer_advice(self.endpoint))
+        return dict.fromkeys((t.key for t in self.endpoint.tables), silence)
 
     def position_lost(self) -> str | None:
         with self.endpoint.connect("status") as conn:
