@@ -99,6 +99,18 @@ class DebeziumProducer(BaseModel):
         default_factory=dict, description="The connector's settings the lake depends on, as set in the connector."
     )
 
+    @field_validator("connect_url")
+    @classmethod
+    def _no_credentials_in_url(cls, value: str | None) -> str | None:
+        """The URL is shown in advice (logs, check descriptions, the UI); the platform never
+        calls it, so credentials in it would only leak."""
+        if value is not None and "@" in value.split("://", 1)[1].split("/", 1)[0]:
+            raise ValueError(
+                "holds credentials (user:password@); it is only shown in advice (logs, check descriptions, the "
+                "UI), never called: give the URL without them"
+            )
+        return value
+
     @field_validator("settings")
     @classmethod
     def _lake_can_read(cls, value: dict[str, str]) -> dict[str, str]:

@@ -294,6 +294,17 @@ def test_a_debezium_setting_that_changes_values_is_refused_with_the_fix(
     assert named_fix in problem
 
 
+def test_a_connect_url_with_credentials_is_refused_and_never_shown(tmp_path: Path) -> None:
+    """Kafka Connect's URL is only shown in advice (logs, check descriptions, the UI): a
+    URL with a user and password in it would put them there."""
+    url = "      connect_url: https://cdc:s3cret-pass@connect.internal:8083\n"
+    text = with_debezium().replace("      connector: shop-connector\n", "      connector: shop-connector\n" + url)
+    [problem] = problems(tmp_path, text)
+    assert "holds credentials" in problem and "without them" in problem and "s3cret-pass" not in problem
+    plain = text.replace("cdc:s3cret-pass@", "")
+    assert load_config(write(tmp_path, plain)).sources["shop"].producer.connect_url == "https://connect.internal:8083"  # type: ignore[union-attr]
+
+
 def test_debezium_defaults_the_lake_cannot_take_must_be_set(tmp_path: Path) -> None:
     text = with_debezium().replace("        interval.handling.mode: string\n", "")
     [problem] = problems(tmp_path, text)
