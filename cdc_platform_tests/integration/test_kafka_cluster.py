@@ -46,7 +46,7 @@ def env(demo_db: Any, tmp_path: Path, kafka_cluster: Any) -> Iterator[CaptureEnv
         cluster = f"  bootstrap_servers: {kafka_cluster.bootstrap}\n  replication_factor: 3\n"
         env.config_path.write_text(text.replace(single, cluster))  # the only change from a single node
         for table in env.tables:
-            env.configure_table(table, "snapshot: {chunk_rows: 40, chunks_per_wave: 2}")
+            env.configure_table(table, "snapshot: {chunk_rows: 40, chunks_per_wave: 8}")
         yield env
         admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
         ours = [t for t in admin.list_topics(timeout=10).topics if env.prefix in t]

@@ -60,7 +60,7 @@ def env(demo_db: Any, tmp_path: Path, s3_store: Any, spark_cluster: Any) -> Iter
         spark = f"spark:\n  master: {spark_cluster.master_url}\n  conf: {{spark.cores.max: '1'}}\n"
         env.config_path.write_text(text.replace(LOCAL_LAKE, lake) + spark)
         for table in env.tables:  # several chunks and waves of a small table
-            env.configure_table(table, "snapshot: {chunk_rows: 40, chunks_per_wave: 2}")
+            env.configure_table(table, "snapshot: {chunk_rows: 40, chunks_per_wave: 8}")
         yield env
 
 
