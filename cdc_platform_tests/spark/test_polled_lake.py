@@ -435,9 +435,10 @@ def _wait_past_the_silence_of_a_dead_poller(env: PollingEnv, key: str) -> None:
     source = open_source(env.config, env.source)
     assert isinstance(source, MysqlConnector)
     silent_ns = CAUGHT_UP_EVERY_NS + 3 * int(source.endpoint.config.poll_interval_s * 1e9) + 10**9
-    last_read_at = source.stored_cursors()[key].caught_up_at
+    # the rule's own "last seen": a poller's start counts as a sign of life, not only a full read
+    last_seen_at = source.stored_cursors()[key].alive_at()
     now_ns = _database_clock_ns(env)
-    time.sleep(max(0.0, (last_read_at + silent_ns - now_ns) / 1e9))
+    time.sleep(max(0.0, (last_seen_at + silent_ns - now_ns) / 1e9))
 
 
 def _database_clock_ns(env: PollingEnv) -> int:
