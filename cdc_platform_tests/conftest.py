@@ -185,11 +185,13 @@ sources:
     database: shop
     user: cdc_capture
     password_env: CDC_PG_PASSWORD
+    apply: {{engine: windows}}
   bench:
     port: {profile.pg_port}
     database: bench
     user: cdc_capture
     password_env: CDC_PG_PASSWORD
+    apply: {{engine: windows}}
 kafka:
   bootstrap_servers: {profile.kafka_bootstrap}
 lake:

@@ -100,10 +100,11 @@ class ApplyConfig(_Strict):
     """How the source's changes are applied to its tables' changelog and current state."""
 
     engine: ApplyEngine = Field(
-        default=ApplyEngine.WINDOWS,
-        description="windows: a Dagster run per changelog window and per current update; stream: one "
-        "Spark application per source (cdc-platform apply) reads every table topic from current's frontier, "
-        "appends each micro-batch to the changelog and merges it into current.",
+        default=ApplyEngine.STREAM,
+        description="stream (default): one Spark application per source (cdc-platform apply, or the Dagster job "
+        "<source>__apply_job on apply.schedule) reads every table topic from current's frontier, appends each "
+        "micro-batch to the changelog (one partition per day) and merges it into current; windows: a Dagster run "
+        "per changelog window and per current update (a partition per window: 8 760 a year at 1h).",
     )
     trigger_interval_s: float = Field(
         default=2.0, gt=0, le=3600, description="stream: pause between micro-batches when the topics are idle."

@@ -183,7 +183,11 @@ class FaultSuite:
         # windows engine: 1-minute windows that close as soon as they end (settling waits for the minute)
         windows = "    changelog: {window: 1m, grace_s: 0}\n" if self.engine == "windows" else ""
         tables = "".join(entry.format(t) + windows for t in self.table_names)
-        apply = "    apply: {engine: stream, trigger_interval_s: 0.5}\n" if self.engine == "stream" else ""
+        apply = (
+            "    apply: {engine: stream, trigger_interval_s: 0.5}\n"
+            if self.engine == "stream"
+            else "    apply: {engine: windows}\n"
+        )
         self.config_path.write_text(
             f"""sources:
   shop:

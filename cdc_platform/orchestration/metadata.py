@@ -219,7 +219,8 @@ def fresh_check_description(
         return (
             f"current is {lag:.0f} s behind the source{_offsets_not_applied(offsets_behind)}, more than "
             f"{within_s:.0f} s (tables[].checks.fresh_within_s): the stream apply is behind (a backlog; its log "
-            f"and catch_up_eta_s say when it is done) or not running (cdc-platform apply --source {source})"
+            f"and catch_up_eta_s say when it is done) or not running: start `cdc-platform apply --source {source}`, "
+            f"or set sources.{source}.apply.schedule for a Dagster run on a cron"
         )
     if waited_s is not None and waited_s > within_s:
         return (

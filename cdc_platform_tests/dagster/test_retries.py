@@ -21,7 +21,8 @@ def test_a_transient_outage_is_retried_not_fatal(demo_db: Any, spark: Any, tmp_p
     path = tmp_path / "c.yaml"
     path.write_text(
         f"""sources:
-  crm: {{kind: jdbc, port: 1, database: crm, user: cdc_poll, password_env: CDC_MARIADB_PASSWORD}}
+  crm: {{kind: jdbc, port: 1, database: crm, user: cdc_poll, password_env: CDC_MARIADB_PASSWORD,
+         apply: {{engine: windows}}}}
 kafka: {{bootstrap_servers: "{demo_db.kafka_bootstrap}"}}
 lake: {{root: lake}}
 tables:

@@ -199,6 +199,15 @@ def consume_topics(bootstrap: str, topics: Sequence[str], idle_s: float = 1.5) -
     return out
 
 
+def pinned_engine(source_yaml: str) -> str:
+    """A test source's settings with ``apply.engine: windows`` unless they choose one: the
+    stream apply is the default, and these tests drive the Lake API or Dagster's window runs
+    (the stream apply's own tests say ``apply: {engine: stream}``)."""
+    if "    apply:" in source_yaml:
+        return source_yaml
+    return source_yaml.rstrip("\n") + ("\n" if source_yaml.strip() else "") + "    apply: {engine: windows}\n"
+
+
 def make_capture_env(
     profile: StackProfile,
     tmp_path: Path,
@@ -240,6 +249,7 @@ def make_capture_env(
             )
         )
     table_entries = table_yaml or "".join(f"  - name: cap.{env.schema}.{t}\n" for t in tables)
+    source_yaml = pinned_engine(source_yaml)
     env.config_path.write_text(
         f"""
 sources:

@@ -20,7 +20,7 @@ from cdc_platform.devtools.stack.mariadb import POLL_ROLE, LocalMariaDB
 from cdc_platform.devtools.stack.stack import stack_env
 from cdc_platform.sources import CaptureSettings, open_source
 from cdc_platform.sources.mysql.poller import PollingCapture
-from cdc_platform_tests.integration.capture_env import Message, consume_topics, running_in_thread
+from cdc_platform_tests.integration.capture_env import Message, consume_topics, pinned_engine, running_in_thread
 
 
 @dataclass
@@ -44,6 +44,7 @@ class PollingEnv:
             conn.close()
 
     def write_config(self, tables_yaml: str, source_yaml: str = "") -> PlatformConfig:
+        source_yaml = pinned_engine(source_yaml)
         self.config_path.write_text(
             f"""
 sources:

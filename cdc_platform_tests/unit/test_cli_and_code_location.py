@@ -130,9 +130,10 @@ def test_a_streamed_source_is_applied_by_its_stream_not_by_window_runs(
     shop's current runs on a cadence for its checks and has a freshness policy, and shop's
     changelog has a partition per day and refuses a run."""
     monkeypatch.delenv("CDC_SPARK_JARS_DIR", raising=False)
-    windows = re.sub(r"(?m)^    apply: \{engine: stream\}.*\n", "", DEMO_CONFIG.read_text())  # all by windows
+    windows = re.sub(r"(?m)^    apply: \{engine: stream\}", "    apply: {engine: windows}", DEMO_CONFIG.read_text())
     windows = re.sub(r"(?m)^(  - name: crm\.crm\.accounts)$", r"\1\n    changelog: {window: 5m}", windows)
-    text, count = re.subn(r"(?m)^(  shop:.*)$", r"\1\n    apply: {engine: stream}", windows, count=1)
+    shop_streamed = "    apply: {engine: stream}"  # the first source's: shop
+    text, count = re.subn(r"(?m)^    apply: \{engine: windows\}", shop_streamed, windows, count=1)
     assert count == 1
     config = tmp_path / "cdc_platform.yaml"
     config.write_text(text)

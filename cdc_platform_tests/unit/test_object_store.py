@@ -104,19 +104,21 @@ def test_a_missing_secret_names_its_variable_not_a_value(
         ("lake:\n  root: gs://bucket/lake\n", "'gs://' is not supported"),
         ("lake:\n  root: lake\n  s3: {region: eu-west-1}\n", "lake.s3 is set but root"),
         ("lake:\n  root: s3a://b/l\n  s3: {access_key_id_env: ONLY_ONE}\n", "set both access_key_id_env"),
-        ("lake:\n  root: s3a://b/l\n", "apply.engine: windows"),  # AWS' defaults, but the windows engine
+        ("lake:\n  root: s3a://b/l\n", "apply.engine: windows"),  # AWS' defaults, but the windows engine (below)
         ("lake:\n  root: s3a://b/l\n  s3: {endpoint: 'ftp://x'}\n", "lake.s3.endpoint"),
     ],
 )
 def test_a_lake_the_platform_cannot_reach_is_refused_at_load(tmp_path: Path, lake: str, expected: str) -> None:
-    found = problems(tmp_path, VALID.replace("lake:\n  root: lake\n", lake))
+    secret = "    password_env: TEST_PG_PASSWORD\n"
+    windows = VALID.replace(secret, secret + "    apply: {engine: windows}\n")
+    found = problems(tmp_path, windows.replace("lake:\n  root: lake\n", lake))
     assert len(found) == 1 and expected in found[0], found
 
 
 def test_the_windows_engine_is_refused_on_object_storage(tmp_path: Path, s3_keys: None) -> None:
     """Its runs are Spark drivers of their own, two at a time, and Spark's Delta on S3 keeps
     commits to one table apart only within one driver: a commit could be lost."""
-    text = s3_config_text().replace("    apply: {engine: stream}\n", "")
+    text = s3_config_text().replace("    apply: {engine: stream}\n", "    apply: {engine: windows}\n")
     found = problems(tmp_path, text)
     assert len(found) == 1 and "sources.shop.apply.engine: windows" in found[0] and "engine: stream" in found[0]
 

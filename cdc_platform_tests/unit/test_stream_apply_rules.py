@@ -116,7 +116,9 @@ tables:
 
 
 def test_the_apply_engine_is_chosen_per_source(tmp_path: Path) -> None:
-    windows = load_config(_config(tmp_path, ""))
+    default = load_config(_config(tmp_path, ""))
+    assert default.streamed(default.tables[0])  # the stream apply, unless a source says windows
+    windows = load_config(_config(tmp_path, "    apply: {engine: windows}"))
     assert not windows.streamed(windows.tables[0])
     streamed = load_config(_config(tmp_path, "    apply: {engine: stream, trigger_interval_s: 0.5}"))
     assert streamed.streamed(streamed.tables[0]) and streamed.sources["shop"].apply.trigger_interval_s == 0.5
@@ -337,6 +339,7 @@ def test_the_apply_observes_current_and_reports_its_fresh_check(tmp_path: Path) 
         assert (newest["offsets_behind"].value, newest["catch_up_eta_s"].value) == (50_000, 50.0)
         assert "behind the source (50000 offset(s) not applied)" in str(checks[0].description)
         assert "cdc-platform apply --source shop" in str(checks[0].description)
+        assert "sources.shop.apply.schedule" in str(checks[0].description)  # or no long-running Spark
         now[0] = 130.0  # within seconds of the source again: shown at once, not a throttle period later
         report(applied(8, offsets_behind=40))
         assert [c.passed for c in _fresh_checks(instance, key)][:2] == [True, False]
@@ -819,7 +822,7 @@ def test_an_hourly_changelog_is_planned_reported_and_checked_by_the_hour(tmp_pat
         [record] = instance.fetch_materializations(dg.AssetKey(["shop", "orders", "changelog"]), limit=10).records
         assert record.asset_materialization is not None and record.asset_materialization.partition == "2026-11-25-13:00"
 
-    windows = text.replace("    apply: {engine: stream}\n", "")
+    windows = text.replace("    apply: {engine: stream}\n", "    apply: {engine: windows}\n")
     (tmp_path / "cdc_platform.yaml").write_text(windows + "    changelog: {partition: hour}\n")
     with pytest.raises(ConfigError, match=r"changelog\.partition: .*applied by changelog-window runs.*engine: stream"):
         load_config(tmp_path / "cdc_platform.yaml")
@@ -846,7 +849,7 @@ def test_one_apply_takes_the_named_streamed_sources_or_all_of_them(tmp_path: Pat
 sources:
   shop: {database: shop, user: u, password_env: PW, apply: {engine: stream}}
   bench: {database: bench, user: u, password_env: PW, apply: {engine: stream}}
-  old: {database: old, user: u, password_env: PW}
+  old: {database: old, user: u, password_env: PW, apply: {engine: windows}}
 kafka: {bootstrap_servers: "127.0.0.1:9092"}
 lake: {root: lake}
 tables: [{name: shop.public.a}, {name: bench.public.b}, {name: old.public.c}]
@@ -927,7 +930,7 @@ def test_an_apply_group_needs_the_stream_engine(tmp_path: Path) -> None:
     path.write_text(
         GROUPED.replace(
             "crm: {database: crm, user: u, password_env: PW, apply: {engine: stream}}",
-            "crm: {database: crm, user: u, password_env: PW}",
+            "crm: {database: crm, user: u, password_env: PW, apply: {engine: windows}}",
         ).replace("{name: crm.crm.accounts}", "{name: crm.crm.accounts, apply_group: nightly}")
     )
     with pytest.raises(
@@ -961,7 +964,7 @@ def test_a_scheduled_source_gets_an_apply_job_whose_schedule_never_overlaps_itse
     # without a schedule the job is there to launch by hand; a windows source has none
     assert build_definitions(_config(tmp_path, "    apply: {engine: stream}")).resolve_job_def("shop__apply_job")
     with pytest.raises(dg.DagsterInvariantViolationError):
-        build_definitions(_config(tmp_path, "")).resolve_job_def("shop__apply_job")
+        build_definitions(_config(tmp_path, "    apply: {engine: windows}")).resolve_job_def("shop__apply_job")
     with pytest.raises(ConfigError, match=r"sources\.shop\.apply\.schedule"):
         load_config(_config(tmp_path, '    apply: {engine: stream, schedule: "every five minutes"}'))
 
