@@ -14,7 +14,8 @@ changes them: the issue's setting, "every demo table at once". The timed writer 
 updates a probe table that the apply applies alongside them.
 
 Its report also gives the commits after the run's first 60 s apart (a long-running
-apply's steady state: JIT warm, caches built).
+apply's steady state: JIT warm, caches built), and p95 by 20-second period of commit
+time, which shows where the slow commits fall (the start: each table's first batch).
 
 Run: .venv/bin/python bench/bench_latency.py --engine stream --demo --minutes 3
      .venv/bin/python bench/bench_latency.py --engine stream --minutes 3
@@ -179,6 +180,18 @@ class LatencyRun:
         first = min(self.committed.values())
         return [self.visible[k] - self.committed[k] for k in self.visible if self.committed[k] - first >= SETTLE_S]
 
+    def report_by_period(self, period_s: float = 20.0) -> None:
+        """p95 of commit -> current by when the commit was made: where a run's slow commits
+        fall (a cold start, a compaction, a table's first batch)."""
+        if not self.visible:
+            return
+        first = min(self.committed.values())
+        periods: dict[int, list[float]] = {}
+        for k, seen in self.visible.items():
+            periods.setdefault(int((self.committed[k] - first) // period_s), []).append(seen - self.committed[k])
+        shown = ", ".join(f"{int(i * period_s)}s {percentile(v, 0.95):.1f}" for i, v in sorted(periods.items()))
+        print(f"  p95 by commit time ({period_s:.0f} s periods): {shown}")
+
     def report(self) -> None:
         lake = [self.visible[k] - self.committed[k] for k in self.visible]
         kafka = [self.in_kafka[k] - self.committed[k] for k in self.committed if k in self.in_kafka]
@@ -198,6 +211,7 @@ class LatencyRun:
             p50, p95 = percentile(settled, 0.5), percentile(settled, 0.95)
             print(f"  after the first {SETTLE_S:.0f} s          p50 {p50:7.2f} s   p95 {p95:7.2f} s   "
                   f"({len(settled)} commits; warm JVM and caches)")  # fmt: skip
+        self.report_by_period()
         if self.logged:  # is the demo's log-based figure (bench_demo_lag) the truth above?
             waits = [w for b in self.logged for w in b.waits()]
             p50, p95 = (bench_demo_lag.weighted_percentile(waits, q) for q in (0.5, 0.95))
