@@ -229,10 +229,11 @@ def _stages(spark: SparkSession, schema: TableSchema, encoding: ValueEncoding) -
     with _STAGES_LOCK:
         built = _STAGES.setdefault(spark, {})
         if key not in built:
+            decodings = _decodings(schema, encoding)
             built[key] = [
                 *_parsed(schema),
-                ["*", *_conversions(schema, encoding)],
-                ["*", *_assembled(schema, encoding)],
+                ["*", *_conversions(schema, decodings)],
+                ["*", *_assembled(schema, decodings)],
                 _row_columns(),
                 _decoded_columns(schema),
             ]
@@ -386,19 +387,35 @@ def _at(path: str, as_type: str) -> Column:
     )
 
 
-def _conversions(schema: TableSchema, encoding: ValueEncoding) -> list[Column]:
+Decodings: TypeAlias = "dict[tuple[str, int], ColumnDecoding]"
+
+
+def _decodings(schema: TableSchema, encoding: ValueEncoding) -> Decodings:
+    """Each column of each image in Spark SQL, by (image, column index): built once for
+    stage 2's values and stage 3's checks (each conversion is dozens of py4j calls)."""
+    from pyspark.sql import functions as F
+
+    payload = F.col("__p")
+    decodings: Decodings = {}
+    for part in ("before", "after"):
+        for i, column in enumerate(schema.columns):
+            raw = payload[part][column.name]
+            if _text_array_in_jvm(column):
+                decodings[part, i] = _text_array(raw, _json_at(f"{part}.{column.name}"))
+            else:
+                decodings[part, i] = _column(raw, column, encoding)
+    return decodings
+
+
+def _conversions(schema: TableSchema, decodings: Decodings) -> list[Column]:
     """Stage 2: each column of each image converted, the key, positions, field lists, the text guard."""
     from pyspark.sql import functions as F
 
     payload = F.col("__p")
     columns: list[Column] = []
     for part in ("before", "after"):
-        for i, column in enumerate(schema.columns):
-            raw = payload[part][column.name]
-            if _text_array_in_jvm(column):
-                decoding = _text_array(raw, _json_at(f"{part}.{column.name}"))
-            else:
-                decoding = _column(raw, column, encoding)
+        for i in range(len(schema.columns)):
+            decoding = decodings[part, i]
             columns += [
                 decoding.value.alias(f"__{part}{i}"),
                 F.coalesce(decoding.needs_python, F.lit(False)).alias(f"__{part}{i}_py"),
@@ -454,17 +471,17 @@ def _text_array(raw: Column, field_json: Column) -> ColumnDecoding:
     return ColumnDecoding(F.when(exact, raw), field_json.isNotNull() & ~exact, placeholder)
 
 
-def _needs_python(part: str, i: int, column: LakeColumn, encoding: ValueEncoding) -> Column:
+def _needs_python(part: str, i: int, column: LakeColumn, decoding: ColumnDecoding) -> Column:
     from pyspark.sql import functions as F
 
     flagged = F.col(f"__{part}{i}_py")
-    if not _column(F.col("__p")[part][column.name], column, encoding).python_if_null:
+    if not decoding.python_if_null:
         return flagged
     raw, value, toasted = F.col("__p")[part][column.name], F.col(f"__{part}{i}"), F.col(f"__{part}{i}_u")
     return flagged | F.coalesce(raw.isNotNull() & ~toasted & value.isNull(), F.lit(False))
 
 
-def _assembled(schema: TableSchema, encoding: ValueEncoding) -> list[Column]:
+def _assembled(schema: TableSchema, decodings: Decodings) -> list[Column]:
     """Stage 3: the images as the lake's row structs, what Python must decode, TOAST
     columns, unknown fields, the commit position."""
     from pyspark.sql import functions as F
@@ -476,7 +493,7 @@ def _assembled(schema: TableSchema, encoding: ValueEncoding) -> list[Column]:
             F.when(F.col(f"__{part}{i}_u"), F.lit(None)).otherwise(F.col(f"__{part}{i}")).alias(c.name)
             for i, c in enumerate(schema.columns)
         ]
-        python = [_needs_python(part, i, column, encoding) for i, column in enumerate(schema.columns)]
+        python = [_needs_python(part, i, column, decodings[part, i]) for i, column in enumerate(schema.columns)]
         columns += [
             F.when(payload[part].isNotNull(), F.struct(*values).cast(row_type(schema))).alias(f"__{part}"),
             (~F.greatest(F.lit(False), *python) if python else F.lit(True)).alias(f"__{part}_ok"),
