@@ -117,6 +117,12 @@ def session_conf(spark: SparkConfig, lake: LakeConfig | None = None) -> dict[str
         "spark.sql.parquet.int96RebaseModeInWrite": "CORRECTED",
         "spark.sql.parquet.datetimeRebaseModeInRead": "CORRECTED",
         "spark.sql.parquet.int96RebaseModeInRead": "CORRECTED",
+        # PySpark 4 records the Python call site of every DataFrame and Column call in the JVM
+        # (for the "DataFrame query context" of runtime errors): about ten py4j round trips per
+        # call. Building one table's decoding took 9 500 of them (0.9 s) with it, 2 200 (0.3 s)
+        # without, and every batch builds its frames anew (docs/benchmarks.md, stop 74).
+        # Errors still name the expression; set it true in spark.conf to see the call sites.
+        "spark.python.sql.dataFrameDebugging.enabled": "false",
         # Python workers (the changelog's Kafka data source) run the driver's interpreter,
         # i.e. the project's venv, not whatever python3 is first on PATH
         "spark.pyspark.python": sys.executable,
