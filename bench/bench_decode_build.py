@@ -18,9 +18,8 @@ import time
 import uuid
 from typing import Any
 
-from py4j import clientserver
-
 from cdc_platform.config.model import SparkConfig
+from cdc_platform.devtools.py4j_trips import RoundTrips
 from cdc_platform.devtools.stack.profiles import REPO_ROOT
 from cdc_platform.envelope.encoding import ValueEncoding
 from cdc_platform.envelope.pgtypes import builtin_type
@@ -42,27 +41,6 @@ def fresh_schema(columns: int) -> TableSchema:
         assert pgtype is not None
         built.append(LakeColumn(f"c{i}_{tag}", pgtype, typmod=NUMERIC_10_2 if oid == 1700 else -1))
     return TableSchema(tuple(built), (built[0].name,))
-
-
-class RoundTrips:
-    """py4j round trips from this process to the JVM while it is entered."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._send = clientserver.ClientServerConnection.send_command
-
-    def __enter__(self) -> RoundTrips:
-        send = self._send
-
-        def counted(connection: Any, command: str) -> Any:
-            self.count += 1
-            return send(connection, command)
-
-        clientserver.ClientServerConnection.send_command = counted  # type: ignore[method-assign]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        clientserver.ClientServerConnection.send_command = self._send  # type: ignore[method-assign]
 
 
 def measure(spark: Any, columns: int, call_sites: bool) -> tuple[float, int]:

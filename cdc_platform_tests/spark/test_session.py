@@ -123,8 +123,7 @@ def test_building_a_tables_decoding_makes_no_call_site_round_trips(spark: Any) -
     (about ten py4j round trips a call) unless the session turns it off. The JVM decoding of
     one five-column table is thousands of Column calls, built for each table an apply
     starts: 9 500 round trips (0.9 s) with call sites, 2 200 (0.3 s) without."""
-    from py4j import clientserver
-
+    from cdc_platform.devtools.py4j_trips import RoundTrips
     from cdc_platform.envelope.encoding import ValueEncoding
     from cdc_platform.envelope.pgtypes import builtin_type
     from cdc_platform.lake import jvm_decode
@@ -133,16 +132,6 @@ def test_building_a_tables_decoding_makes_no_call_site_round_trips(spark: Any) -
     types = [builtin_type(oid) for oid in (23, 25, 1184, 16, 20)]  # int4, text, timestamptz, bool, int8
     assert all(t is not None for t in types)
     fresh = TableSchema(tuple(LakeColumn(f"call_sites_{i}", t) for i, t in enumerate(types) if t), ("call_sites_0",))
-    calls = [0]
-    send = clientserver.ClientServerConnection.send_command
-
-    def counted(self: Any, command: str) -> Any:
-        calls[0] += 1
-        return send(self, command)
-
-    clientserver.ClientServerConnection.send_command = counted  # type: ignore[method-assign]
-    try:
+    with RoundTrips() as trips:
         jvm_decode._stages(spark, fresh, ValueEncoding())  # a schema no test built before: built now
-    finally:
-        clientserver.ClientServerConnection.send_command = send  # type: ignore[method-assign]
-    assert calls[0] < 4000, calls[0]
+    assert trips.count < 4000, trips.count
