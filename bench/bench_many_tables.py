@@ -13,7 +13,11 @@ with a generation and current built by the platform, one run measures:
   tables against one table (the floor), on an ephemeral instance;
 * **a busy table's Kafka → current latency** in continuous mode (``run_forever``), the
   table alone (the floor) and beside all the idle ones: one row updated and captured
-  into Kafka, then the time until the apply reports it merged, ``--rounds`` times.
+  into Kafka, then the time until the apply reports it merged, ``--rounds`` times;
+* **a restart with every table behind**: one row of every table updated and captured,
+  then a new ``cdc-platform apply --once`` process (a deploy or a crash of the long-running
+  apply) until every table is current again, against the same process with nothing new
+  (the floor: the JVM, the session and every table's state) and with one table behind.
 
 Run: .venv/bin/python bench/bench_many_tables.py [--tables 200 --rounds 10]
 """
@@ -21,8 +25,12 @@ Run: .venv/bin/python bench/bench_many_tables.py [--tables 200 --rounds 10]
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -161,6 +169,38 @@ def busy_latencies(config: PlatformConfig, lake: Lake, tables: list[LakeTable], 
     return latencies
 
 
+def restart_figures(
+    config: PlatformConfig, workdir: Path, tables: list[LakeTable]
+) -> tuple[float, dict[int, tuple[float, int]]]:
+    """Wall seconds of a new ``cdc-platform apply --once`` process of one table, nothing
+    behind (the JVM and the session); then of every table with 0, 1 and all of them one
+    change behind (each case's changes captured before it starts), and its batches."""
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}  # nothing reported: the apply alone
+
+    def apply_once(path: Path) -> tuple[float, int]:
+        cli = [str(Path(sys.executable).parent / "cdc-platform"), "--config", str(path), "apply", "--source", "shop"]
+        started = time.perf_counter()
+        done = subprocess.run([*cli, "--once"], env=env, capture_output=True, text=True, timeout=3600, check=False)
+        elapsed = time.perf_counter() - started
+        if done.returncode != 0:
+            raise RuntimeError(f"apply --once failed ({done.returncode}): {done.stderr[-3000:]}")
+        return elapsed, int(json.loads(done.stdout.strip().splitlines()[-1])["batches"])
+
+    one_table, _ = apply_once(write_config(config, workdir / "restart_one.yaml", 1))
+    path = write_config(config, workdir / "restart.yaml")
+    figures = {}
+    for behind in (0, 1, len(tables)):
+        with app_connect(profile("dev")) as app:
+            for table in tables[:behind]:
+                app.execute(f"UPDATE {table.config.name.split('.')[-1]} SET amount = amount + 1 WHERE id = 1")
+        capture(config)
+        elapsed, batches = apply_once(path)
+        if batches != behind:
+            raise RuntimeError(f"{behind} tables behind, but the restart applied {batches} batches")
+        figures[behind] = (elapsed, batches)
+    return one_table, figures
+
+
 def capture(config: PlatformConfig) -> None:
     open_source(config, "shop").capture(CaptureSettings(until_caught_up=True, status_interval_s=3600)).run()
 
@@ -204,6 +244,7 @@ def main() -> None:
         tick_all, tick_one = sensor_tick_figures(config, Path(tempfile.mkdtemp(prefix="bench_many_")))
         alone = busy_latencies(config, lake, tables[:1], args.rounds)
         among = busy_latencies(config, lake, tables, args.rounds)
+        one_table, restarts = restart_figures(config, Path(tempfile.mkdtemp(prefix="bench_many_")), tables)
     finally:
         bench_lake.cleanup(config, tag, names)
     floor = marks["one topic (floor)"]
@@ -218,6 +259,14 @@ def main() -> None:
         print(f"busy table Kafka -> current, {label:16}: p50 {statistics.median(values):.2f} s, "
               f"p95 {percentile(values, 0.95):.2f} s, max {max(values):.2f} s")  # fmt: skip
     print(f"  p50 ratio among idle / alone: {statistics.median(among) / statistics.median(alone):.2f}")
+    floor_s = restarts[0][0]
+    print("restart (a new `cdc-platform apply --once`) until every table is current; floor: nothing behind")
+    idle = (floor_s - one_table) / max(1, args.tables - 1)
+    print(f"  one table configured, nothing behind: {one_table:.2f} s; so {idle:.2f} s per idle table")
+    for behind, (seconds, batches) in restarts.items():
+        extra = f", {(seconds - floor_s) / behind:.2f} s per table behind" if behind else ""
+        ratio = seconds / floor_s
+        print(f"  {behind:4d} tables behind: {seconds:7.2f} s, {batches} batches, {ratio:5.2f}x floor{extra}")
 
 
 if __name__ == "__main__":

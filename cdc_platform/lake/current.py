@@ -289,19 +289,35 @@ def appended_to(table: LakeTable) -> dict[str, str]:
 
 
 def _ensure_properties(spark: SparkSession, path: str, properties: dict[str, str]) -> None:
-    from delta.tables import DeltaTable
-
-    if not DeltaTable.isDeltaTable(spark, path):
-        return
-    # SHOW TBLPROPERTIES reads the table's metadata alone; DESCRIBE DETAIL also sums its files,
-    # a Spark job over the whole state of a table the rebuild has just rewritten (~0.55 s a
-    # table against ~0.03 s, on a warm local driver)
-    shown = spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()
-    have = {str(r["key"]): str(r["value"]) for r in shown}
+    have = _properties(spark, path)
+    if have is None:
+        return  # not written yet
     missing = {k: v for k, v in properties.items() if have.get(k) != v}
     if missing:
         settings = ", ".join(f"'{k}' = '{v}'" for k, v in sorted(missing.items()))
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
+
+
+def _properties(spark: SparkSession, path: str) -> dict[str, str] | None:
+    """The table's properties, None when it was never written. delta-rs reads them from the
+    log in the driver; a process's first look at each of its tables (a restart) then costs
+    no Spark snapshot of each. Spark answers when delta-rs cannot read the table."""
+    from deltalake import DeltaTable as RustTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return dict(RustTable(path).metadata().configuration)
+    except TableNotFoundError:
+        return None
+    except Exception:  # a feature delta-rs does not read
+        from delta.tables import DeltaTable
+
+        if not DeltaTable.isDeltaTable(spark, path):
+            return None
+        # SHOW TBLPROPERTIES reads the table's metadata alone; DESCRIBE DETAIL also sums its
+        # files, a Spark job over the whole state of a table the rebuild has just rewritten
+        shown = spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()
+        return {str(r["key"]): str(r["value"]) for r in shown}
 
 
 def _last_version(spark: SparkSession, path: str) -> int | None:

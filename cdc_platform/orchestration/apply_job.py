@@ -51,7 +51,7 @@ def build_apply_job(config: PlatformConfig, source: str) -> dg.JobDefinition:
         context.log.info(f"source {source}: {batches} micro-batch(es) over {len(tables)} table(s), caught up")
         reporter = RunlessReporter(
             context.instance, lake_tables, src.format_position, emit=context.log_event,
-            capture=CaptureWatch({source: src}),
+            capture=CaptureWatch({source: src}), positions=engine.positions,
         )  # fmt: skip
         reporter.report_run(applied)
 

@@ -174,16 +174,19 @@ class RunlessReporter:
         for key in due:
             if key not in positions:
                 continue
-            position, offsets_behind = positions[key]
-            result = CurrentResult(
-                position.generation, False, 0, position.rows, dict(position.frontier), position.applied_position,
-                position.last_source_ts, 0.0,
-            )  # fmt: skip
             try:
-                self._report_current(key, result, self.changes_since.pop(key, 0), offsets_behind)
+                self._report_position(key, *positions[key])
             except Exception as exc:
                 log.warning("%s: could not report to Dagster (%s); applying goes on", key, exc)
             self.last[key] = now
+
+    def _report_position(self, key: str, position: CurrentPosition, offsets_behind: int | None) -> None:
+        """Current where the apply last left it, for a table with nothing new to apply."""
+        result = CurrentResult(
+            position.generation, False, 0, position.rows, dict(position.frontier), position.applied_position,
+            position.last_source_ts, 0.0,
+        )  # fmt: skip
+        self._report_current(key, result, self.changes_since.pop(key, 0), offsets_behind)
 
     def _report_current(
         self, key: str, result: CurrentResult, changes: int, offsets_behind: int | None, eta_s: float | None = None,
@@ -309,3 +312,6 @@ class RunlessReporter:
             assert item.current is not None
             result = replace(item.current, rebuilt=key in rebuilt)
             self._report_current(key, result, changes[key], item.offsets_behind, vacuumed=vacuumed.get(key))
+        positions = self.positions()  # tables the run found current and left so: where they stand
+        for key in [k for k in self.tables if k not in last and k in positions]:
+            self._report_position(key, *positions[key])

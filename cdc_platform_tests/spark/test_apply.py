@@ -464,6 +464,51 @@ def test_a_batch_delta_rs_appended_before_a_failure_is_not_appended_again(
     assert_current_equals_source(lake, [key], at_least=10)
 
 
+def test_a_restarted_apply_takes_current_where_the_ledger_left_it(
+    one_table_env: CaptureEnv, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new apply (a deploy, a crash, the next scheduled run) finds each table's current at
+    the frontier its ledger recorded: an idle table costs no Spark job and no ledger commit
+    (a restart of 50 idle tables spent ~0.6 s of the pool per table recounting and recording
+    each), and its next change merges straight into it. A table whose current is gone is
+    rebuilt, and a lake whose tables lack today's properties gets them, as before."""
+    from cdc_platform.lake.ledger import Ledger
+
+    env = one_table_env
+    lake, key = Lake(env.config, spark), _keys(env)[0]
+    env.run_until_caught_up()
+    lake.snapshot(key, "g1")
+    _changes(env, seed=5, first_id=100, transactions=10)
+    env.run_until_caught_up()
+    with env.stream_apply(spark) as engine:
+        engine.run_until_caught_up()
+    left = lake.ledger.current(key)
+    table = lake.table(key)
+    spark.sql(f"ALTER TABLE delta.`{table.current_path}` UNSET TBLPROPERTIES ('delta.autoOptimize.autoCompact')")
+    recorded: list[str] = []
+    record_current = Ledger.record_current
+    monkeypatch.setattr(Ledger, "record_current", lambda self, t, p: (recorded.append(t), record_current(self, t, p)))
+    tracker = spark.sparkContext.statusTracker()
+    with env.stream_apply(spark) as engine:  # the restart
+        jobs = len(tracker.getJobIdsForGroup())
+        assert engine.run_pass() == []  # nothing new: nothing to report
+        assert (recorded, engine.positions()[key][0]) == ([], left)
+        assert len(tracker.getJobIdsForGroup()) - jobs <= 1  # the property put back (Spark's ALTER), no more
+        _changes(env, seed=6, first_id=200, transactions=10)
+        env.run_until_caught_up()
+        [applied] = engine.run_until_caught_up()
+    assert applied.batch is not None and applied.current is not None and not applied.current.rebuilt
+    assert applied.current.frontier != left.frontier
+    properties = DeltaTable.forPath(spark, table.current_path).detail().first()["properties"]
+    assert properties.get("delta.autoOptimize.autoCompact") == "true"
+    assert_current_equals_source(lake, [key], at_least=10)
+    Path(table.current_path, "_delta_log").rename(Path(table.current_path, "_delta_log.lost"))  # current lost
+    with env.stream_apply(spark) as engine:
+        [rebuilt] = engine.run_pass()
+    assert rebuilt.current is not None and rebuilt.current.rebuilt
+    assert_current_equals_source(lake, [key], at_least=10)
+
+
 @pytest.fixture
 def grouped_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
     """Two tables of one source, ``lines`` in apply group ``big`` and partitioned by the hour."""

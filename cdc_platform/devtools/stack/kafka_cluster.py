@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -77,7 +78,13 @@ class LocalKafkaCluster:
                         f"port 127.0.0.1:{port} (Kafka cluster node {node}) is taken by a process this stack did "
                         "not start; stop it, or run this profile elsewhere"
                     )
-        if missing and not (self.root / "node-1" / "data" / "meta.properties").exists():
+        if len(missing) == len(NODES):
+            # a cold start is a new cluster: the last one held only the tests' own topics, and
+            # its brokers' registrations outlive a node killed before its controlled shutdown:
+            # a node restarted on that data exited with DUPLICATE_BROKER_REGISTRATION while the
+            # others still listed it. A node that died in a running cluster keeps its data.
+            for node in NODES:
+                shutil.rmtree(self.root / f"node-{node}" / "data", ignore_errors=True)
             self._format()
         for node in missing:
             self.start(node)
