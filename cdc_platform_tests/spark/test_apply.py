@@ -383,6 +383,16 @@ def _changes(env: CaptureEnv, seed: int, first_id: int, transactions: int = 40) 
     assert workload.error is None
 
 
+def _a_generation_and_changes(env: CaptureEnv, spark: Any, seed: int) -> tuple[Lake, str]:
+    """The env's one table with a generation, then ten transactions captured after it."""
+    lake, key = Lake(env.config, spark), _keys(env)[0]
+    env.run_until_caught_up()
+    lake.snapshot(key, "g1")
+    _changes(env, seed=seed, first_id=100, transactions=10)
+    env.run_until_caught_up()
+    return lake, key
+
+
 @pytest.fixture
 def one_table_env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
     """One table, reached through Kafka's SASL_SSL/SCRAM listener as a production cluster is:
@@ -438,11 +448,7 @@ def test_a_batch_delta_rs_appended_before_a_failure_is_not_appended_again(
     from cdc_platform.lake import changelog
 
     env = one_table_env
-    lake, key = Lake(env.config, spark), _keys(env)[0]
-    env.run_until_caught_up()
-    lake.snapshot(key, "g1")
-    _changes(env, seed=3, first_id=100, transactions=10)
-    env.run_until_caught_up()
+    lake, key = _a_generation_and_changes(env, spark, seed=3)
     cut = {"left": 1}
 
     def failing_once(point: str) -> None:
@@ -475,11 +481,7 @@ def test_a_restarted_apply_takes_current_where_the_ledger_left_it(
     from cdc_platform.lake.ledger import Ledger
 
     env = one_table_env
-    lake, key = Lake(env.config, spark), _keys(env)[0]
-    env.run_until_caught_up()
-    lake.snapshot(key, "g1")
-    _changes(env, seed=5, first_id=100, transactions=10)
-    env.run_until_caught_up()
+    lake, key = _a_generation_and_changes(env, spark, seed=5)
     with env.stream_apply(spark) as engine:
         engine.run_until_caught_up()
     left = lake.ledger.current(key)
