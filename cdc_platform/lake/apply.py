@@ -84,8 +84,8 @@ from cdc_platform.lake.current import (
     apply_decoded,
     ensure_table_properties,
     forget_columns,
+    needs_rebuild,
 )
-from cdc_platform.lake.delta_rs import table_exists
 from cdc_platform.lake.errors import classify_spark_error
 from cdc_platform.lake.ledger import Ledger
 from cdc_platform.lake.maintenance import VacuumCadence, Vacuumed
@@ -594,19 +594,18 @@ class StreamApply:
     def _confirm_current(self, table: LakeTable, state: TableState) -> bool:
         """A process's first look at a table (a restart, a deploy) whose ledger says current
         stands at the changelog's recorded frontier, of this generation: with current (and
-        history) still there, it is taken as it is. ``apply_current`` would rebuild nothing and
-        apply nothing, yet count current's rows and record the same position again: Spark jobs
+        history) still there (``needs_rebuild``), it is taken as it is. ``apply_current``
+        would rebuild nothing and apply nothing, yet count current's rows and record the same
+        position again: Spark jobs
         and a ledger commit per table, about 0.6 s of a restart's two threads per idle table
         (docs/benchmarks.md, "Many tables of one source"). The ledger records a position only
         after the merge that reached it committed, so a crash in between leaves it behind the
         frontier, and that table is caught up from the changelog as before."""
         position = state.position
-        if position is None or position.generation != state.generation:
+        if position is None or _offsets(position.frontier) != _offsets(state.recorded):
             return False
-        if _offsets(position.frontier) != _offsets(state.recorded):
-            return False
-        if not table_exists(table.current_path) or (table.config.history and not table_exists(table.history_path)):
-            return False  # a table lost: apply_current rebuilds it
+        if needs_rebuild(self.spark, table, state.generation, position):
+            return False  # another generation, or a table lost: apply_current rebuilds it
         ensure_table_properties(self.spark, table)  # lakes from before deletion vectors and auto compaction
         state.current_checked = True
         return True
