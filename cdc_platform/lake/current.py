@@ -45,6 +45,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from cdc_platform.lake.crash_points import crash_point
+from cdc_platform.lake.delta_rs import table_exists
 from cdc_platform.lake.driver_batch import collects_in_driver, within_driver
 from cdc_platform.lake.driver_history import HISTORY_EVENT_COLUMNS, apply_history_in_driver
 from cdc_platform.lake.driver_merge import (
@@ -162,16 +163,16 @@ def committed_generation(ledger: Ledger, table: LakeTable) -> Generation:
     return committed
 
 
-def needs_rebuild(spark: SparkSession, table: LakeTable, generation: str, position: CurrentPosition | None) -> bool:
+def needs_rebuild(table: LakeTable, generation: str, position: CurrentPosition | None) -> bool:
     """Current is (re)built from the generation when it was built from another one, when
-    its table is gone, or when a history table was switched on (it then starts there)."""
-    from delta.tables import DeltaTable
-
+    its table is gone, or when a history table was switched on (it then starts there).
+    Asked of the Delta log by delta-rs: Spark's ``isDeltaTable`` is a py4j call and a log
+    replay in the JVM, 12 % of a restart of 40 tables behind (docs/benchmarks.md, "Stop 76")."""
     if position is None or position.generation != generation:
         return True
-    if not DeltaTable.isDeltaTable(spark, table.current_path):
+    if not table_exists(table.current_path):
         return True
-    return table.config.history and not DeltaTable.isDeltaTable(spark, table.history_path)
+    return table.config.history and not table_exists(table.history_path)
 
 
 def apply_current(spark: SparkSession, ledger: Ledger, table: LakeTable) -> CurrentResult:
@@ -179,7 +180,7 @@ def apply_current(spark: SparkSession, ledger: Ledger, table: LakeTable) -> Curr
     committed = committed_generation(ledger, table)
     schema = TableSchema.from_json(committed.schema_json)
     position = ledger.current(table.key)
-    rebuilt = needs_rebuild(spark, table, committed.generation, position)
+    rebuilt = needs_rebuild(table, committed.generation, position)
     previous_version = _last_version(spark, table.current_path) if rebuilt and position is not None else None
     history = HistoryResult(0, 0)
     if rebuilt or position is None:
@@ -477,13 +478,25 @@ def _evolve(spark: SparkSession, path: str, batch: DataFrame) -> tuple[str, ...]
     known = _known_columns.get(path)
     if known is not None and {f.name for f in fields} <= set(known):
         return known
-    have = tuple(spark.read.format("delta").load(path).columns)
+    have = _columns(spark, path)
     added = [f for f in fields if f.name not in have]
     if added:
         columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in added)
         spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
     _known_columns[path] = (*have, *[f.name for f in added])
     return _known_columns[path]
+
+
+def _columns(spark: SparkSession, path: str) -> tuple[str, ...]:
+    """The table's columns, from its log by delta-rs: Spark's snapshot of each table was 15 %
+    of a restart of 40 tables behind (docs/benchmarks.md, "Stop 76"). Spark answers when
+    delta-rs cannot read the table."""
+    from deltalake import DeltaTable as RustTable
+
+    try:
+        return tuple(f.name for f in RustTable(path).schema().fields)
+    except Exception:  # a feature delta-rs does not read
+        return tuple(spark.read.format("delta").load(path).columns)
 
 
 def forget_columns(*paths: str) -> None:

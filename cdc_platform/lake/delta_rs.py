@@ -28,10 +28,32 @@ def table_exists(path: str) -> bool:
     """Whether a Delta table was written at ``path``: a local directory's ``_delta_log``, or on
     object storage what delta-rs finds there (the store as ``lake.s3`` configured it)."""
     if "://" not in path or path.startswith("file:"):
-        return os.path.isdir(os.path.join(path.removeprefix("file://").removeprefix("file:"), "_delta_log"))
+        log = os.path.join(path.removeprefix("file://").removeprefix("file:"), "_delta_log")
+        # a commit, not just the directory: a first write that died before its commit left no table
+        return os.path.isdir(log) and any(_is_commit(name) for name in os.listdir(log))
     from deltalake import DeltaTable
 
     return bool(DeltaTable.is_deltatable(path))
+
+
+def commit_exists(path: str, version: int) -> bool:
+    """Whether the Delta table at ``path`` has version ``version``'s commit in its log: a handle
+    kept at that version still names this table (a table deleted and written anew at the same
+    path has no such file until it reaches the version, and then another table's)."""
+    entry = f"{path.rstrip('/')}/_delta_log/{version:020d}.json"
+    if "://" not in path or path.startswith("file:"):
+        return os.path.exists(entry.removeprefix("file://").removeprefix("file:"))
+    from pyarrow import fs as pafs
+
+    from cdc_platform.lake.object_store import pyarrow_uri
+
+    store, key = pafs.FileSystem.from_uri(pyarrow_uri(entry))
+    return bool(store.get_file_info(key).type != pafs.FileType.NotFound)
+
+
+def _is_commit(name: str) -> bool:
+    """A Delta log entry that makes a version: a commit's JSON or a checkpoint."""
+    return (name.endswith(".json") and name[:1].isdigit()) or ".checkpoint." in name
 
 
 def read_columns(delta: Any, columns: Sequence[str]) -> pa.Table:

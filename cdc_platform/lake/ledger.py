@@ -40,7 +40,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc_platform.lake.delta_rs import read_columns
+from cdc_platform.lake.delta_rs import commit_exists, read_columns
 from cdc_platform.model.chunks import ChunkPlan, ChunkProgress
 from cdc_platform.model.coverage import OffsetRange
 from cdc_platform.model.dead_letters import ExaminedMark, latest_marks
@@ -58,6 +58,7 @@ COMMIT_ATTEMPTS = 8  # with jitter, ~20 s of contention before the run's own ret
 COMMIT_RETRY_BASE_S = 0.05
 
 MAINTAIN_EVERY = 100
+KEPT_ROWS_MAX = 20_000  # a ledger table's rows kept between reads up to this many (``Ledger._data``)
 VACUUM_RETENTION_HOURS = 1
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -120,6 +121,15 @@ _APPENDING = {name: threading.Lock() for name in SCHEMAS}
 
 
 @dataclass(frozen=True)
+class StreamStart:
+    """A table's rows the stream apply starts from (``lake.apply.load_state``)."""
+
+    windows: dict[str, tuple[WindowRange, ...]]  # the changelog's recorded ranges, by window or batch
+    last_batch: BatchPlan | None  # the newest planned micro-batch
+    current: CurrentPosition | None
+
+
+@dataclass(frozen=True)
 class LedgerState:
     """One read of the whole ledger: what a sensor tick needs for every table at once."""
 
@@ -137,6 +147,9 @@ class Ledger:
     def __init__(self, lake_root: str, storage_options: Mapping[str, str] | None = None) -> None:
         self.root = f"{lake_root.rstrip('/')}/_ledger"
         self.storage_options = dict(storage_options or {})
+        self._locks = {name: threading.Lock() for name in SCHEMAS}  # a table's handle, one thread at a time
+        self._handles: dict[str, Any] = {}  # ledger table -> its delta-rs handle (``_table``)
+        self._kept: dict[str, tuple[int, pa.Table]] = {}  # ledger table -> (version, rows) last read
 
     # ------------------------------------------------------------ generations
 
@@ -219,20 +232,11 @@ class Ledger:
     def batches(self, table: str) -> list[BatchPlan]:
         """The table's planned micro-batches in order, each as first planned (a racing apply's
         second planning of the same number is ignored)."""
-        by_number: dict[int, list[dict[str, Any]]] = {}
-        for row in self._rows("batches", table):
-            by_number.setdefault(row["batch"], []).append(row)
-        plans = []
-        for number, rows in sorted(by_number.items()):
-            first = min(r["planned_at"] for r in rows)
-            ranges = sorted(OffsetRange(r["partition"], r["start"], r["end"]) for r in rows if r["planned_at"] == first)
-            plans.append(BatchPlan(number, rows[0]["day"], tuple(ranges)))
-        return plans
+        return _plans_of(self._rows("batches", table))
 
     def last_batch(self, table: str) -> BatchPlan | None:
         """The table's newest planned micro-batch."""
-        plans = self.batches(table)
-        return plans[-1] if plans else None
+        return _last(self.batches(table))
 
     # ------------------------------------------------------------ current
 
@@ -240,8 +244,34 @@ class Ledger:
         self._append("current", [_current_row(table, position)])
 
     def current(self, table: str) -> CurrentPosition | None:
-        rows = self._rows("current", table)
-        return _current_position(max(rows, key=lambda r: r["updated_at"])) if rows else None
+        return _latest_position(self._rows("current", table))
+
+    # ------------------------------------------------------------ a stream apply's start
+
+    def stream_starts(self, tables: Iterable[str]) -> dict[str, StreamStart]:
+        """What the stream apply starts each of ``tables`` from, in one read of each ledger
+        table: a restart asked ``windows``, ``batches`` and ``current`` for each table
+        apart, reading every row of every table each time (O(tables x ledger), growing with
+        the ledger's history)."""
+        wanted = sorted(set(tables))
+        windows, batches, current = (self._rows_of(name, wanted) for name in ("windows", "batches", "current"))
+        return {
+            t: StreamStart(
+                _windows_of(windows.get(t, [])), _last(_plans_of(batches.get(t, []))),
+                _latest_position(current.get(t, [])),
+            )
+            for t in wanted
+        }  # fmt: skip
+
+    def _rows_of(self, name: str, tables: list[str]) -> dict[str, list[dict[str, Any]]]:
+        """The rows of ``tables`` in the ledger table ``name``, by table."""
+        data = self._data(name)
+        by_table: dict[str, list[dict[str, Any]]] = {}
+        if data is None:
+            return by_table
+        for row in data.filter(pc.is_in(data["table"], pa.array(tables, pa.string()))).to_pylist():
+            by_table.setdefault(row["table"], []).append(row)
+        return by_table
 
     # ------------------------------------------------------------ schemas
 
@@ -314,10 +344,9 @@ class Ledger:
         self._append("leases", [row])
 
     def leases(self, scope: str) -> list[LeaseEvent]:
-        delta = self._table("leases")
-        if delta is None:
+        data = self._data("leases")
+        if data is None:
             return []
-        data = _read(delta, SCHEMAS["leases"])
         rows = data.filter(pc.equal(data["scope"], scope)).to_pylist()
         return [
             LeaseEvent(r["scope"], r["holder"], r["host"], int(r["pid"]), LeaseState(r["state"]), r["at"]) for r in rows
@@ -358,21 +387,64 @@ class Ledger:
         return f"{self.root}/{name}"
 
     def _table(self, name: str) -> Any:
+        """The ledger table's handle, at its newest version; None when never written. The
+        caller holds ``self._locks[name]``. One handle per table and process, brought up to
+        date from the log's new commits: opening a table reads its checkpoint and every
+        commit since (up to ``MAINTAIN_EVERY``), 9-37 ms each time, and every read and
+        commit opened it anew (docs/benchmarks.md, "Stop 76")."""
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
+        handle = self._handles.get(name)
         try:
-            return DeltaTable(self._path(name), storage_options=self.storage_options or None)
+            if handle is not None and self._still_there(name, handle):
+                return handle
+            handle = self._handles[name] = DeltaTable(self._path(name), storage_options=self.storage_options or None)
+            return handle
         except TableNotFoundError:
+            self._handles.pop(name, None)
             return None
         except OSError as exc:
+            self._handles.pop(name, None)
             raise RetriableError(f"ledger {self._path(name)} cannot be read: {exc}") from None
 
+    def _still_there(self, name: str, handle: Any) -> bool:
+        """The kept handle brought to the table's newest version, or False when the table it
+        named is gone (deleted, or written anew in its place: its new commits would land on the
+        old state). The version's commit is looked for after the update: the log keeps it."""
+        try:
+            handle.update_incremental()
+            if commit_exists(self._path(name), handle.version()):
+                return True
+        except Exception as exc:  # opened again below, which says what is wrong if anything is
+            log.info("ledger %s: its kept handle failed (%s), opened again", name, exc)
+        self._handles.pop(name, None)
+        self._kept.pop(name, None)
+        return False
+
+    def _data(self, name: str) -> pa.Table | None:
+        """Every row of the ledger table (None: never written). A table that has not moved
+        since this process last read it is not read again: the stream apply reads the
+        schemas and generations every batch or pass, and they change once a generation."""
+        with self._locks[name]:
+            delta = self._table(name)
+            if delta is None:
+                return None
+            version = delta.version()
+            kept = self._kept.get(name)
+            if kept is not None and kept[0] == version:
+                return kept[1]
+            data = _read(delta, SCHEMAS[name])
+            if data.num_rows <= KEPT_ROWS_MAX:
+                self._kept[name] = (version, data)
+            else:  # a table this big is read on starts only: not worth its memory
+                self._kept.pop(name, None)
+            return data
+
     def _rows(self, name: str, table: str | None = None) -> list[dict[str, Any]]:
-        delta = self._table(name)
-        if delta is None:
+        data = self._data(name)
+        if data is None:
             return []
-        data = _read(delta, SCHEMAS[name])
         if table is not None:
             data = data.filter(pc.equal(data["table"], table))
         rows: list[dict[str, Any]] = data.to_pylist()
@@ -382,7 +454,8 @@ class Ledger:
         if not rows:
             return
         data = pa.Table.from_pylist(rows, schema=SCHEMAS[name])
-        with _APPENDING[name]:  # threads of one process (a stream apply's tables) take turns, not retries
+        # threads of one process (a stream apply's tables) take turns, not retries
+        with _APPENDING[name], self._locks[name]:
             self._commit(name, data)
             self._maintain(name)
 
@@ -392,8 +465,9 @@ class Ledger:
 
         for attempt in range(COMMIT_ATTEMPTS):
             try:
+                delta = self._table(name)
                 deltalake.write_deltalake(  # merge: a ledger written before a column was added gains it
-                    self._path(name), data, mode="append", schema_mode="merge",
+                    delta if delta is not None else self._path(name), data, mode="append", schema_mode="merge",
                     storage_options=self.storage_options or None,
                 )  # fmt: skip
                 break
@@ -483,6 +557,26 @@ def _ranges_of(first: dict[tuple[str, int], dict[str, Any]]) -> dict[str, tuple[
     for (window, partition), row in sorted(first.items()):
         out.setdefault(window, []).append(WindowRange(partition, row["start"], row["end"], row["window_end"]))
     return {k: tuple(v) for k, v in out.items()}
+
+
+def _plans_of(rows: Iterable[dict[str, Any]]) -> list[BatchPlan]:
+    by_number: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_number.setdefault(row["batch"], []).append(row)
+    plans = []
+    for number, planned in sorted(by_number.items()):
+        first = min(r["planned_at"] for r in planned)
+        ranges = sorted(OffsetRange(r["partition"], r["start"], r["end"]) for r in planned if r["planned_at"] == first)
+        plans.append(BatchPlan(number, planned[0]["day"], tuple(ranges)))
+    return plans
+
+
+def _last(plans: list[BatchPlan]) -> BatchPlan | None:
+    return plans[-1] if plans else None
+
+
+def _latest_position(rows: list[dict[str, Any]]) -> CurrentPosition | None:
+    return _current_position(max(rows, key=lambda r: r["updated_at"])) if rows else None
 
 
 def _current_row(table: str, position: CurrentPosition) -> dict[str, Any]:

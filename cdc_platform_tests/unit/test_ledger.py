@@ -13,12 +13,12 @@ import pytest
 from cdc_platform.envelope.pgtypes import builtin_type
 from cdc_platform.lake import ledger as ledger_module
 from cdc_platform.lake.ledger import Ledger
-from cdc_platform.model.coverage import walk
+from cdc_platform.model.coverage import OffsetRange, walk
 from cdc_platform.model.errors import RetriableError
 from cdc_platform.model.generations import GenerationEvent, GenerationStatus, Watermark
 from cdc_platform.model.state import CurrentPosition, SchemaRecord
 from cdc_platform.model.tables import LakeColumn, TableSchema
-from cdc_platform.model.windows import WindowPlan, WindowRange
+from cdc_platform.model.windows import BatchPlan, WindowPlan, WindowRange
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
 
@@ -253,3 +253,65 @@ def test_a_window_records_what_it_wrote_and_an_older_ledger_gains_the_column(tmp
     windows, written = ledger.windows_with_records("s.t")
     assert windows == ledger.windows("s.t") and set(windows) == {"old", "new"}
     assert written == {"old": None, "new": 6}
+
+
+def test_a_ledger_that_read_a_table_sees_what_another_writer_added_since(tmp_path: Path) -> None:
+    """A process keeps each ledger table's handle and its rows between reads (a restart read
+    the same tables once per table, docs/benchmarks.md "Stop 76"); what another process
+    committed since is read, never the rows kept from before."""
+    reader, writer = Ledger(str(tmp_path)), Ledger(str(tmp_path))
+    reader.register_schema("s.t", SchemaRecord(1, "g1", "f1", '{"key": [], "columns": []}', "baseline"))
+    assert [r.version for r in reader.schema_history("s.t")] == [1]
+    writer.register_schema("s.t", SchemaRecord(2, "g1", "f2", '{"key": [], "columns": []}', "added a column"))
+    assert [r.version for r in reader.schema_history("s.t")] == [1, 2]
+    writer.record_current("s.t", CurrentPosition("g1", {0: 5}, 100, None, 3, T0))
+    assert reader.current("s.t") == writer.current("s.t")
+
+
+def test_a_ledger_table_written_anew_under_a_kept_handle_is_read_anew(tmp_path: Path) -> None:
+    """A ledger removed and started again (a lake wiped in place) is read as it is now."""
+    import shutil
+
+    ledger = Ledger(str(tmp_path))
+    for at in range(3):
+        ledger.record_current("s.t", CurrentPosition("g1", {0: at}, at, None, at, T0 + timedelta(seconds=at)))
+    assert ledger.current("s.t").frontier == {0: 2}  # type: ignore[union-attr]
+    shutil.rmtree(tmp_path / "_ledger" / "current")
+    assert ledger.current("s.t") is None
+    Ledger(str(tmp_path)).record_current("s.t", CurrentPosition("g2", {0: 9}, 9, None, 9, T0))
+    position = ledger.current("s.t")
+    assert position is not None and (position.generation, position.frontier) == ("g2", {0: 9})
+
+
+def test_the_stream_starts_of_many_tables_are_each_tables_own(tmp_path: Path) -> None:
+    """``stream_starts`` reads each ledger table once for all the tables a restart starts;
+    each table's start is exactly what its own reads give."""
+    ledger = Ledger(str(tmp_path))
+    for n, table in enumerate(("s.a", "s.b", "s.c")):
+        ledger.record_windows(table, [WindowPlan(f"w{i}", (WindowRange(0, i, i + 1, ""),), reused=False)
+                                      for i in range(n + 1)])  # fmt: skip
+        ledger.plan_batch(table, BatchPlan(n + 1, "2026-11-23", (OffsetRange(0, n + 1, n + 3),)))
+        ledger.record_current(table, CurrentPosition("g1", {0: n + 1}, n, None, n, T0 + timedelta(seconds=n)))
+    ledger.record_current("s.b", CurrentPosition("g1", {0: 7}, 7, None, 7, T0 + timedelta(seconds=9)))
+    starts = ledger.stream_starts(["s.a", "s.b", "s.c", "s.none"])
+    for table in ("s.a", "s.b", "s.c", "s.none"):
+        own = (ledger.windows(table), ledger.last_batch(table), ledger.current(table))
+        assert (starts[table].windows, starts[table].last_batch, starts[table].current) == own, table
+    assert starts["s.b"].current is not None and starts["s.b"].current.frontier == {0: 7}
+    assert starts["s.none"].last_batch is None and starts["s.none"].windows == {}
+
+
+def test_a_delta_table_exists_once_it_has_a_commit(tmp_path: Path) -> None:
+    """A first write that died before its commit leaves a log directory and no table: current
+    is rebuilt then, not taken as there (``current.needs_rebuild``)."""
+    import deltalake
+    import pyarrow as pa
+
+    from cdc_platform.lake.delta_rs import table_exists
+
+    path = tmp_path / "current"
+    assert not table_exists(str(path))
+    (path / "_delta_log").mkdir(parents=True)
+    assert not table_exists(str(path))
+    deltalake.write_deltalake(str(path), pa.table({"id": [1]}))
+    assert table_exists(str(path)) and table_exists(f"file://{path}")
