@@ -43,12 +43,16 @@ os.environ.setdefault("CDC_SPARK_JARS_DIR", str(REPO_ROOT / ".cdc" / "jars" / "s
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test that needs a service, by where it lives and what it asks for (the
-    services started on demand are shared by the workers: ``_started_on_demand``)."""
+    services started on demand are shared by the workers: ``_started_on_demand``). Then the
+    ``long_running`` tests first: pytest-xdist hands out tests in this order, so a test of
+    minutes that came late would run alone while the other worker had nothing left (the
+    longest job first keeps the two workers' ends close)."""
     for item in items:
         parts = Path(str(item.fspath)).relative_to(REPO_ROOT / "cdc_platform_tests").parts
         fixtures = set(getattr(item, "fixturenames", ()))
         if parts[0] in INTEGRATION_DIRS or fixtures & SERVICE_FIXTURES:
             item.add_marker(pytest.mark.integration)
+    items.sort(key=lambda item: item.get_closest_marker("long_running") is None)  # stable: the rest keep their order
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -58,6 +58,7 @@ def _live(env: PollingEnv) -> dict[int, tuple[str, str]]:
         return {int(r[0]): (str(r[1]), str(r[2])) for r in db.fetchall()}
 
 
+@pytest.mark.long_running
 def test_polled_table_assets_checks_and_reconciliation(
     env: PollingEnv, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -109,6 +110,11 @@ def test_polled_table_assets_checks_and_reconciliation(
             assert h.current()
         current = Lake(h.config, spark).read_current(h.table.key)
         assert {r["id"]: (r["email"], r["plan"]) for r in current.collect()} == _live(env)
-        status, metadata, _ = _check(instance, h.table, COMPLETENESS_CHECK)
-        assert (status, metadata["deleted_in_source"], metadata["rows_dropped_by_generation"]) == ("SUCCEEDED", 0, 2)
+        status, evaluation = _evaluation(instance, h.table, COMPLETENESS_CHECK)
+        metadata = {k: v.value for k, v in evaluation.metadata.items()}
+        assert (status, metadata["deleted_in_source"], metadata["rows_dropped_by_generation"]) == (
+            "SUCCEEDED",
+            0,
+            2,
+        ), (evaluation.description, metadata)
         assert not h.tick().run_requests  # reconciled: nothing more to do until the next interval

@@ -93,6 +93,7 @@ def _assert_current_equals_source(spark: Any, harness: Harness) -> None:
     assert_same_rows(lake.truth_rows(harness.table.key), lake.read_current(harness.table.key).collect())
 
 
+@pytest.mark.long_running
 def test_each_trigger_starts_one_generation_and_current_follows(env: CaptureEnv, spark: Any) -> None:
     t_start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
     with env.app() as app:

@@ -80,6 +80,7 @@ def _assert_each_offset_once_and_no_hole(lake: Lake, spark: Any, key: str) -> No
     assert position is not None and position.frontier == coverage.frontier  # current applied all of it
 
 
+@pytest.mark.long_running
 def test_the_stream_apply_keeps_current_equal_to_the_source(env: CaptureEnv, spark: Any) -> None:
     env.configure_table("items", "history: true")  # history merged beside current, checked while it streams
     lake, keys = Lake(env.config, spark), _keys(env)

@@ -88,6 +88,7 @@ def _assert_consistent(spark: Any, lake: Lake, table: str) -> None:
             ), key
 
 
+@pytest.mark.long_running
 def test_history_versions_follow_every_change(env: CaptureEnv, spark: Any) -> None:
     for t in ("items", "docs"):
         env.configure_table(t, "changelog: {grace_s: 0}")

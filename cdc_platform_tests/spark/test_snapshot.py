@@ -412,6 +412,7 @@ def test_an_incremental_generation_holds_no_snapshot_for_longer_than_a_chunk(
     assert watch.slot_xmins <= {None}
 
 
+@pytest.mark.long_running
 def test_a_killed_incremental_generation_resumes_without_reading_its_chunks_again(
     env: CaptureEnv, spark: Any, tmp_path: Path
 ) -> None:
