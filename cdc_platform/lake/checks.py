@@ -53,6 +53,15 @@ RECENT_RECORDS = 20_000
 CAPTURE_WAIT_S = 15.0
 
 
+def capture_wait_s(source: Source) -> float:
+    """How long a check waits for capture to confirm its read of the source: 15 s, or twice
+    the longest a running capture leaves a quiet table unconfirmed when that is longer. A
+    poller records a quiet table every 10 s plus three polls (25 s at the default 5 s
+    interval), so 15 s called a running poller silent, and the check warned "rows not
+    compared" (a CI run did, under load, at 0.2 s polls)."""
+    return max(CAPTURE_WAIT_S, 2 * source.confirms_within_s())
+
+
 # ---------------------------------------------------------------- keys
 
 
@@ -376,7 +385,9 @@ def _reconcile(
     decoding the in-flight span, capped by ``completeness.max_in_flight_offsets``. True
     when the producer confirmed a source position taken after the read."""
     cap = table.config.completeness.max_in_flight_offsets
-    result = compare_at_one_read(spark, ledger, source, kafka, table, CAPTURE_WAIT_S, cap, stop_when_unread=True)
+    result = compare_at_one_read(
+        spark, ledger, source, kafka, table, capture_wait_s(source), cap, stop_when_unread=True
+    )
     report.in_flight_offsets, report.in_flight_keys = result.in_flight_offsets, result.in_flight_keys
     if result.rows is None:
         report.compare_note = result.note

@@ -214,6 +214,12 @@ class Source(ABC):
         configured without heartbeats, a capture that never ran)."""
         return {}
 
+    def confirms_within_s(self) -> float:
+        """The longest a running capture may leave a position unconfirmed while its tables
+        are quiet: how long a check must be ready to wait before it calls capture silent.
+        0 for a capture that confirms as it reads (PostgreSQL's slot)."""
+        return 0.0
+
     @abstractmethod
     def wait_until_captured(self, position: int, deadline: float, stop_when_unread: bool = False) -> str:
         """Wait until every change before ``position`` is in Kafka: '' when it is, else
