@@ -25,9 +25,8 @@ from confluent_kafka.admin import AdminClient
 
 from cdc_platform.devtools.apply_process import ApplyProcess
 from cdc_platform.devtools.lake import Lake
-from cdc_platform.lake.verify import VerifyContext, verify_tables
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
-from cdc_platform_tests.integration.streaming import streaming_after_a_generation
+from cdc_platform_tests.integration.streaming import assert_verified, streaming_after_a_generation
 from cdc_platform_tests.integration.test_capture_faults import DDL
 from cdc_platform_tests.integration.test_stack import LOOPBACK, listening
 from cdc_platform_tests.spark.test_apply import STREAMED
@@ -82,17 +81,10 @@ def test_the_platform_runs_on_a_kafka_cluster_and_through_a_dead_node(
             workload.wait_for(20)
             workload.stop()
             assert workload.error is None
-            # in this process' session: the CLI's own verify (a Spark JVM started for it) is
-            # spark/test_verify.py's; what matters here is the lake the cluster fed
-            contexts = lambda _t: VerifyContext(spark, lake.ledger, lake.source(keys[0]), lake.kafka)  # noqa: E731
-            verdicts = verify_tables(contexts, [lake.table(key) for key in keys], timeout_s=600, rounds=2)
+            assert_verified(lake, keys, apply)  # while capture and the apply run
             applying = apply.alive()  # it ran until stopped: a dead node is not fatal
     finally:
         apply.stop()
-    assert [v.table for v in verdicts] == keys
-    assert all(v.ok and v.source_rows > 0 for v in verdicts), [(v.table, v.note, v.sample) for v in verdicts] + [
-        apply.tail()
-    ]
     assert applying, apply.tail()
     assert_current_equals_source(lake, keys, at_least=20)
     metadata = admin.list_topics(timeout=10).topics

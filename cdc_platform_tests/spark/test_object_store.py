@@ -32,9 +32,8 @@ from cdc_platform.devtools.stack.s3proxy import ACCESS_KEY_ID_ENV, SECRET_ACCESS
 from cdc_platform.lake.driver_batch import row_bytes, table_rows
 from cdc_platform.lake.object_store import give_session_object_store
 from cdc_platform.lake.tables import lake_table
-from cdc_platform.lake.verify import VerifyContext, verify_tables
 from cdc_platform_tests.integration.capture_env import CaptureEnv, make_capture_env
-from cdc_platform_tests.integration.streaming import streaming_after_a_generation
+from cdc_platform_tests.integration.streaming import assert_verified, streaming_after_a_generation
 from cdc_platform_tests.integration.test_capture_faults import DDL
 from cdc_platform_tests.integration.test_stack import LOOPBACK, listening
 from cdc_platform_tests.spark.test_apply import STREAMED
@@ -91,18 +90,9 @@ def test_the_lake_runs_on_an_s3_compatible_store(
             workload.wait_for(20)  # changes after the generation, streamed
             workload.stop()
             assert workload.error is None
-            # verify waits for capture and the apply to reach the source's position: both run.
-            # In this process' session (the store configured as the CLI configures its own):
-            # a third application on the cluster cost a minute of cold executors, and the
-            # generation's and the apply's already run there
-            contexts = lambda _t: VerifyContext(spark, lake.ledger, lake.source(keys[0]), lake.kafka)  # noqa: E731
-            verdicts = verify_tables(contexts, [lake.table(key) for key in keys], timeout_s=600, rounds=2)
+            assert_verified(lake, keys, apply)  # while capture and the apply run
     finally:
         apply.stop()
-    assert [v.table for v in verdicts] == keys
-    assert all(v.ok and v.source_rows > 0 for v in verdicts), [(v.table, v.note, v.sample) for v in verdicts] + [
-        apply.tail()
-    ]
     for key in keys:
         committed = lake.ledger.committed(key)
         assert committed is not None and committed.rows > 0, key
