@@ -456,10 +456,12 @@ class Ledger:
         data = pa.Table.from_pylist(rows, schema=SCHEMAS[name])
         # threads of one process (a stream apply's tables) take turns, not retries
         with _APPENDING[name], self._locks[name]:
-            self._commit(name, data)
-            self._maintain(name)
+            self._maintain(name, self._commit(name, data))
 
-    def _commit(self, name: str, data: pa.Table) -> None:
+    def _commit(self, name: str, data: pa.Table) -> Any:
+        """Appends ``data``; returns the table's handle at the version this commit made (a
+        write through a handle moves it there: reading the log again for that would cost a
+        listing and a lookup per record, ~10 ms each on an object store, a quarter of an append)."""
         import deltalake
         from deltalake.exceptions import CommitFailedError
 
@@ -470,7 +472,7 @@ class Ledger:
                     delta if delta is not None else self._path(name), data, mode="append", schema_mode="merge",
                     storage_options=self.storage_options or None,
                 )  # fmt: skip
-                break
+                return delta if delta is not None else self._table(name)  # the write created the table
             except CommitFailedError as exc:
                 # another writer committed first (two creating the table at once, or a
                 # compaction): nothing of ours landed, so writing again is safe
@@ -478,15 +480,14 @@ class Ledger:
                 time.sleep(COMMIT_RETRY_BASE_S * 2**attempt * (1 + random.random()))  # noqa: S311 (jitter, not a secret)
             except OSError as exc:
                 raise RetriableError(f"ledger {self._path(name)} cannot be written: {exc}") from None
-        else:
-            raise RetriableError(
-                f"ledger {self._path(name)}: lost {COMMIT_ATTEMPTS} commits in a row to other writers; "
-                "the run retries (many writers on one ledger table at once? check for runaway runs)"
-            )
+        raise RetriableError(
+            f"ledger {self._path(name)}: lost {COMMIT_ATTEMPTS} commits in a row to other writers; "
+            "the run retries (many writers on one ledger table at once? check for runaway runs)"
+        )
 
-    def _maintain(self, name: str) -> None:
-        """Every MAINTAIN_EVERY commits: one file, a checkpoint, old files removed."""
-        delta = self._table(name)
+    def _maintain(self, name: str, delta: Any) -> None:
+        """Every MAINTAIN_EVERY commits: one file, a checkpoint, old files removed. ``delta``:
+        the handle at the version the caller's commit made."""
         if delta is None or delta.version() % MAINTAIN_EVERY != 0:
             return
         try:
