@@ -29,7 +29,7 @@ from cdc_platform.lake.errors import VALUE_REFUSED, classify_spark_error
 from cdc_platform.lake.key_proof import SliceSummary, proven_unique, slice_summaries, statistics_summaries
 from cdc_platform.lake.lake_types import lake_type
 from cdc_platform.lake.ledger import Ledger
-from cdc_platform.lake.tables import LakeTable, quote_spark, table_options
+from cdc_platform.lake.tables import LakeTable, parquet_dictionary_off, quote_spark, table_options
 from cdc_platform.model.chunks import ChunkPlan, ChunkProgress, WaveProgress
 from cdc_platform.model.errors import CdcError, GenerationRejectedError
 from cdc_platform.model.generations import GenerationEvent, GenerationStatus, Watermark
@@ -153,14 +153,17 @@ def _write_generation(
             f"{'one exported snapshot' if plan.consistent else 'each chunk in its own transaction'}"
             + (f", resumed with {len(progress.written)} chunk(s) written before" if plan.resumed else "")
         )
-        if chunked:
-            _write_waves(spark, ledger, table, generation, plan, progress, progress_to)
-        else:
-            with SparkProgress(spark, f"{table.key}: snapshot {generation}", plan.source_rows, log_progress):
-                frame = read_plan(spark, plan)
-                frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").options(
-                    **table_options(frame.schema, statistics_on=plan.schema.key)
-                ).save(path)
+        with parquet_dictionary_off(spark, plan.distinct_columns) as plain:
+            if plain:
+                log.info("%s: snapshot %s: no Parquet dictionary for %s (nearly unique)", table.key, generation, plain)
+            if chunked:
+                _write_waves(spark, ledger, table, generation, plan, progress, progress_to)
+            else:
+                with SparkProgress(spark, f"{table.key}: snapshot {generation}", plan.source_rows, log_progress):
+                    frame = read_plan(spark, plan)
+                    frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").options(
+                        **table_options(frame.schema, statistics_on=plan.schema.key)
+                    ).save(path)
     rows = validate(spark, path, plan, source.capabilities.exact_snapshot_count and plan.consistent)
     result = SnapshotResult(
         generation, path, rows, plan.source_rows, table_bytes(spark, path), plan.watermark, position,
@@ -409,7 +412,10 @@ def scratch_copy(
     Not a generation: the ledger never hears of it."""
     path = f"{table.lake_root.rstrip('/')}/_scratch/{purpose}-{uuid.uuid4().hex[:8]}"
     try:
-        with source.snapshot(table.config, kafka, table.topic) as plan:
+        with (
+            source.snapshot(table.config, kafka, table.topic) as plan,
+            parquet_dictionary_off(spark, plan.distinct_columns),
+        ):
             frame = read_plan(spark, plan)
             options = table_options(frame.schema, statistics_on=plan.schema.key)  # read whole, never pruned
             frame.write.format("delta").mode("overwrite").options(**options).save(path)

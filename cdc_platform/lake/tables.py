@@ -10,7 +10,10 @@ state is in ``<lake>/_ledger`` (``lake/ledger.py``).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+import threading
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,6 +22,7 @@ from cdc_platform.envelope.encoding import ValueEncoding
 from cdc_platform.model.leases import apply_scope
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
     from pyspark.sql.types import DataType
 
 # characters Parquet (and Delta without column mapping) refuse in a column name
@@ -190,3 +194,42 @@ def _field_names(data_type: DataType) -> Iterator[str]:
     elif isinstance(data_type, MapType):
         yield from _field_names(data_type.keyType)
         yield from _field_names(data_type.valueType)
+
+
+DICTIONARY_SETTING = "parquet.enable.dictionary#{}"  # Parquet's own per-column switch
+_DICTIONARY_LOCK = threading.Lock()
+_DICTIONARY_OFF: weakref.WeakKeyDictionary[SparkSession, dict[str, int]] = weakref.WeakKeyDictionary()
+
+
+@contextmanager
+def parquet_dictionary_off(spark: SparkSession, columns: Iterable[str]) -> Iterator[tuple[str, ...]]:
+    """Parquet files written in the block try no dictionary for ``columns`` (top-level
+    columns the source holds nearly unique). Parquet's writer builds a dictionary of each
+    column's values until the page ends and then drops it if it saves nothing: for a unique
+    column that is every value hashed for nothing. A 10M-row generation of the bench table
+    (four unique columns of five) took 16.8-20.6 s with them off against 18.4-22.7 s
+    (docs/benchmarks.md, "Stop 78"); the files are the same size, as Parquet fell back to
+    plain values anyway. Delta passes no writer option to Parquet, so this is the session's
+    setting, set while any block of the session needs it (another thread's same-named
+    column loses its dictionary meanwhile: bigger files, the same values). A column the
+    user set in ``spark.conf`` keeps the user's setting. Yields the columns switched."""
+    keys = [DICTIONARY_SETTING.format(c) for c in dict.fromkeys(columns) if not set(c) & {".", "#"}]
+    taken = []
+    with _DICTIONARY_LOCK:
+        held = _DICTIONARY_OFF.setdefault(spark, {})
+        for key in keys:
+            if key not in held and spark.conf.get(key, None) is not None:
+                continue  # the user's
+            if not held.get(key):
+                spark.conf.set(key, "false")
+            held[key] = held.get(key, 0) + 1
+            taken.append(key)
+    try:
+        yield tuple(k.split("#", 1)[1] for k in taken)
+    finally:
+        with _DICTIONARY_LOCK:
+            for key in taken:
+                held[key] -= 1
+                if not held[key]:
+                    del held[key]
+                    spark.conf.unset(key)

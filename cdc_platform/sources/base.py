@@ -86,6 +86,9 @@ class SnapshotPlan:
     # True when the source's own unique index holds the key and each chunk is read in one
     # statement: no chunk can hold a key twice (validation then needs only the chunks' ranges)
     key_unique_per_chunk: bool = False
+    # columns the source holds (nearly) unique: a Parquet dictionary of them never pays, so
+    # the generation's writer tries none (``lake.tables.parquet_dictionary_off``)
+    distinct_columns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

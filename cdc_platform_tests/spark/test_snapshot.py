@@ -48,10 +48,12 @@ def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
         "CREATE TABLE inherited_child () INHERITS (inherited)",
         # a key two values of which the lake writes alike (a time with its zone, as UTC text)
         "CREATE TABLE clock_keys (at timetz PRIMARY KEY, n int NOT NULL)",
+        # a nearly unique text (two thirds of the rows distinct) and a low-cardinality one
+        "CREATE TABLE spreads (id bigint PRIMARY KEY, pair text NOT NULL, tenant text NOT NULL)",
     ]
     tables = [
         "type_cases", "events", "counters", "tenant_rows", "keyless", "pairs", "amounts", "moods", "instants",
-        "inherited", "clock_keys",
+        "inherited", "clock_keys", "spreads",
     ]  # fmt: skip
     yield from make_capture_env(demo_db, tmp_path, ddl, tables)
 
@@ -281,6 +283,45 @@ def test_a_generations_files_show_its_keys_unique_and_a_key_they_cannot_is_count
         table = lake.table(f"cap.{env.schema}.{name}")
         with lake.source(table.key).snapshot(table.config, lake.kafka, table.topic, False) as plan:
             assert plan.key_unique_per_chunk is vouched, name
+
+
+def test_nearly_unique_columns_are_written_without_a_parquet_dictionary(env: CaptureEnv, spark: Any) -> None:
+    """Parquet's writer builds a dictionary of each column and drops it where it saves
+    nothing, which for a nearly unique column is most values hashed for nothing. A
+    generation writes the columns the source holds nearly unique (the one-column primary
+    key, and after ANALYZE the columns estimated at half of the rows distinct or more)
+    without one, and keeps it for the others. ``pair`` (two thirds distinct, each value
+    about twice in a chunk) is the column that shows it: Parquet would keep a dictionary of
+    it. The session's setting is as before afterwards and the rows are the source's."""
+    import pyarrow.parquet as pq
+
+    from cdc_platform.lake.tables import DICTIONARY_SETTING
+
+    with env.app() as app:
+        app.execute(
+            "INSERT INTO spreads SELECT g, md5((g * 2 / 3)::text), 't' || g % 7 FROM generate_series(1, 3000) g"
+        )
+        app.execute("ANALYZE spreads")
+    env.configure_table("spreads", "snapshot: {chunk_rows: 400}")
+    key = f"cap.{env.schema}.spreads"
+    lake = Lake(env.config, spark)
+    table = lake.table(key)
+    with lake.source(key).snapshot(table.config, lake.kafka, table.topic, False) as plan:
+        assert set(plan.distinct_columns) == {"id", "pair"}, plan.distinct_columns
+    result = lake.snapshot(key, "g1")
+    encodings: dict[str, set[str]] = {"pair": set(), "tenant": set()}
+    for part in Path(result.path).glob("*.parquet"):
+        row_groups = pq.ParquetFile(part).metadata
+        for group in range(row_groups.num_row_groups):
+            for column in range(row_groups.num_columns):
+                chunk = row_groups.row_group(group).column(column)
+                encodings.get(chunk.path_in_schema, set()).update(chunk.encodings)
+    assert encodings["tenant"] and any("DICTIONARY" in e for e in encodings["tenant"]), encodings
+    assert encodings["pair"] and not any("DICTIONARY" in e for e in encodings["pair"]), encodings
+    assert spark.conf.get(DICTIONARY_SETTING.format("pair"), None) is None
+    snapshot = spark.read.format("delta").load(result.path)
+    truth = lake.truth(key)
+    assert result.rows == 3000 and (snapshot.exceptAll(truth).count(), truth.exceptAll(snapshot).count()) == (0, 0)
 
 
 def test_a_key_in_a_parent_and_its_inheriting_table_rejects_the_generation(env: CaptureEnv, spark: Any) -> None:

@@ -1,11 +1,14 @@
 """Key-range chunks of a snapshot (model/chunks.py): sizes and the WHERE clauses, in each
-source's quoting; spark/test_snapshot.py and spark/test_polled_lake.py run them against
-PostgreSQL and MariaDB."""
+source's quoting (spark/test_snapshot.py and spark/test_polled_lake.py run them against
+PostgreSQL and MariaDB), and how a generation's writer turns Parquet's dictionary off."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 
+from cdc_platform.lake.tables import DICTIONARY_SETTING, parquet_dictionary_off
 from cdc_platform.model.chunks import chunk_count, chunk_predicates
 from cdc_platform.sources.mysql.catalog import quote_mysql
 from cdc_platform.sources.mysql.chunks import literal_kind
@@ -104,3 +107,42 @@ def test_mariadb_boundaries_are_written_in_the_order_order_by_uses(column_type: 
     """ORDER BY sorts an ENUM or SET by index (a label literal would compare by label),
     and bytes as bytes."""
     assert literal_kind(column_type, decode) == kind
+
+
+class _Conf:
+    """What ``parquet_dictionary_off`` uses of a session's runtime config."""
+
+    def __init__(self, values: dict[str, str] | None = None) -> None:
+        self.values = dict(values or {})
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+    def unset(self, key: str) -> None:
+        self.values.pop(key, None)
+
+
+class _Session:
+    def __init__(self, conf: _Conf) -> None:
+        self.conf = conf
+
+
+def test_a_writer_block_turns_the_dictionary_off_while_any_block_needs_it_and_leaves_the_users_setting() -> None:
+    """Two blocks of one session overlap (two generations in one process): a column both
+    name stays off until the last one ends, then the session is as it was. A column the
+    user set in spark.conf keeps the user's value; a dotted name (a nested path to Parquet)
+    is left alone."""
+    user = DICTIONARY_SETTING.format("note")
+    conf = _Conf({user: "true"})
+    session = cast(Any, _Session(conf))
+    with parquet_dictionary_off(session, ["id", "pair", "note", "a.b"]) as first:
+        assert first == ("id", "pair")
+        assert conf.values == {user: "true", DICTIONARY_SETTING.format("id"): "false",
+                               DICTIONARY_SETTING.format("pair"): "false"}  # fmt: skip
+        with parquet_dictionary_off(session, ["pair", "code"]) as second:
+            assert second == ("pair", "code")
+        assert set(conf.values) == {user, DICTIONARY_SETTING.format("id"), DICTIONARY_SETTING.format("pair")}
+    assert conf.values == {user: "true"}

@@ -65,7 +65,7 @@ def snapshot_plan(
             read = jdbc_read(endpoint, table, mapped, mapped, resume.predicates, key)
             yield SnapshotPlan(table.key, resume.watermark, table_schema(described, key), read, resume.source_rows,
                                resume.schema_hash, described, consistent=False, resumed=True,
-                               key_unique_per_chunk=vouched)  # fmt: skip
+                               key_unique_per_chunk=vouched, distinct_columns=_distinct(key, vouched))  # fmt: skip
             return
         # 1. watermark first (see the module docstring)
         watermark = Watermark(database_clock_ns(conn), kafka.end_offsets(topic), datetime.now(UTC))
@@ -83,7 +83,14 @@ def snapshot_plan(
         conn.close()
     read = jdbc_read(endpoint, table, mapped, mapped, predicates, key)
     yield SnapshotPlan(table.key, watermark, table_schema(described, key), read, source_rows, described.schema_hash(),
-                       described, consistent=False, key_unique_per_chunk=vouched)  # fmt: skip
+                       described, consistent=False, key_unique_per_chunk=vouched,
+                       distinct_columns=_distinct(key, vouched))  # fmt: skip
+
+
+def _distinct(key: tuple[str, ...], primary: bool) -> tuple[str, ...]:
+    """A one-column primary key's column: its values are all distinct (MariaDB keeps no
+    per-column distinct estimate outside indexes; the other columns keep Parquet's dictionary)."""
+    return key if primary and len(key) == 1 else ()
 
 
 # key mappings whose lake value is the very value MariaDB's index compares: integers (and

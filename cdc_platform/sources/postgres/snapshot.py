@@ -69,11 +69,12 @@ def snapshot_plan(
         with endpoint.connect("snapshot") as conn:
             described, schema = describe(conn, table)
             vouched = key_unique_per_read(conn, described, schema)
+            distinct = distinct_columns(conn, described, schema)
         if described.schema_hash() == resume.schema_hash:
             read = jdbc_read(endpoint, described, schema, list(resume.predicates), None)
             yield SnapshotPlan(
                 table.key, resume.watermark, schema, read, resume.source_rows, resume.schema_hash, described,
-                consistent=False, resumed=True, key_unique_per_chunk=vouched,
+                consistent=False, resumed=True, key_unique_per_chunk=vouched, distinct_columns=distinct,
             )  # fmt: skip
             return
     with endpoint.connect("snapshot") as coordinator:
@@ -84,6 +85,7 @@ def snapshot_plan(
         exported = coordinator.execute("SELECT pg_export_snapshot()").fetchone() if consistent else None
         described, schema = describe(coordinator, table)
         vouched = key_unique_per_read(coordinator, described, schema)
+        distinct = distinct_columns(coordinator, described, schema)
         if consistent:  # the chunks of the exported snapshot's state, counted in it
             source_rows, predicates = _chunks_in_snapshot(coordinator, described, schema, table.snapshot.chunk_rows)
         else:  # no transaction outlives a statement of the plan; each chunk reads in its own
@@ -92,7 +94,7 @@ def snapshot_plan(
         read = jdbc_read(endpoint, described, schema, predicates, str(exported[0]) if exported else None)
         yield SnapshotPlan(
             table.key, watermark, schema, read, source_rows, described.schema_hash(), described, consistent,
-            key_unique_per_chunk=vouched,
+            key_unique_per_chunk=vouched, distinct_columns=distinct,
         )  # fmt: skip
         if consistent:
             coordinator.execute("COMMIT")
@@ -127,6 +129,35 @@ def key_unique_per_read(conn: psycopg.Connection[tuple[Any, ...]], described: So
         (f"{quote_ident(described.schema)}.{quote_ident(described.name)}",),
     ).fetchone()
     return row is not None and not row[0]
+
+
+# the share of a table's rows a column's distinct values must reach in ANALYZE's estimate
+# for the generation to write it without a Parquet dictionary
+NEARLY_UNIQUE = 0.5
+
+
+def distinct_columns(
+    conn: psycopg.Connection[tuple[Any, ...]], described: SourceTable, schema: TableSchema
+) -> tuple[str, ...]:
+    """The table's columns whose values are (nearly) all distinct: a one-column primary key,
+    and the columns ANALYZE estimates at ``NEARLY_UNIQUE`` of the rows or more distinct
+    (``pg_stats.n_distinct``: negative, a share of the rows; positive, a count). A table
+    never analyzed has no statistics: its key alone. Only a write's speed depends on it
+    (``lake.tables.parquet_dictionary_off``), never a value."""
+    found = list(described.primary_key) if len(described.primary_key) == 1 else []
+    rows = conn.execute(
+        """SELECT s.attname FROM pg_stats s
+           JOIN pg_namespace n ON n.nspname = s.schemaname
+           JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = s.tablename
+           WHERE s.schemaname = %s AND s.tablename = %s
+           GROUP BY s.attname
+           HAVING bool_and(s.n_distinct <= -%s
+                           OR (s.n_distinct > 0 AND s.n_distinct >= %s * greatest(c.reltuples, 1)))""",
+        (described.schema, described.name, NEARLY_UNIQUE, NEARLY_UNIQUE),
+    ).fetchall()
+    found += [str(r[0]) for r in rows]
+    names = {c.name for c in schema.columns}
+    return tuple(dict.fromkeys(n for n in found if n in names))
 
 
 def _chunks_in_snapshot(
