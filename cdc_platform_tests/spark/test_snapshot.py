@@ -48,7 +48,7 @@ def env(demo_db: Any, tmp_path: Path) -> Iterator[CaptureEnv]:
         "CREATE TABLE inherited_child () INHERITS (inherited)",
         # a key two values of which the lake writes alike (a time with its zone, as UTC text)
         "CREATE TABLE clock_keys (at timetz PRIMARY KEY, n int NOT NULL)",
-        # a nearly unique text (two thirds of the rows distinct) and a low-cardinality one
+        # a nearly unique wide text (19 of 20 rows distinct) and a low-cardinality one
         "CREATE TABLE spreads (id bigint PRIMARY KEY, pair text NOT NULL, tenant text NOT NULL)",
     ]
     tables = [
@@ -289,17 +289,18 @@ def test_nearly_unique_columns_are_written_without_a_parquet_dictionary(env: Cap
     """Parquet's writer builds a dictionary of each column and drops it where it saves
     nothing, which for a nearly unique column is most values hashed for nothing. A
     generation writes the columns the source holds nearly unique (the one-column primary
-    key, and after ANALYZE the columns estimated at half of the rows distinct or more)
-    without one, and keeps it for the others. ``pair`` (two thirds distinct, each value
-    about twice in a chunk) is the column that shows it: Parquet would keep a dictionary of
-    it. The session's setting is as before afterwards and the rows are the source's."""
+    key, and after ANALYZE the columns estimated at nine in ten rows distinct or more)
+    without one, and keeps it for the others. ``pair`` (19 of 20 rows distinct, 192
+    characters, a value's repeats side by side) shows it: Parquet would keep a dictionary
+    of it. The session's setting is as before afterwards and the rows are the source's."""
     import pyarrow.parquet as pq
 
     from cdc_platform.lake.tables import DICTIONARY_SETTING
 
     with env.app() as app:
         app.execute(
-            "INSERT INTO spreads SELECT g, md5((g * 2 / 3)::text), 't' || g % 7 FROM generate_series(1, 3000) g"
+            "INSERT INTO spreads SELECT g, repeat(md5((g * 19 / 20)::text), 6), 't' || g % 7 "
+            "FROM generate_series(1, 3000) g"
         )
         app.execute("ANALYZE spreads")
     env.configure_table("spreads", "snapshot: {chunk_rows: 400}")
