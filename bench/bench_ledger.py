@@ -21,10 +21,12 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from cdc_platform.config.model import S3Config
 from cdc_platform.devtools.stack.profiles import profile
 from cdc_platform.devtools.stack.s3proxy import ACCESS_KEY_ID_ENV, SECRET_ACCESS_KEY_ENV, LocalS3Store
 from cdc_platform.devtools.stack.stack import load_stack_env
 from cdc_platform.lake.ledger import SCHEMAS, Ledger
+from cdc_platform.lake.object_store import delta_rs_environment
 from cdc_platform.model.feeds import FeedObservation
 
 BUCKET = "ledger-bench"
@@ -74,13 +76,10 @@ def main() -> None:
     started = store.up()
     try:
         (store.data / BUCKET).mkdir(parents=True, exist_ok=True)
-        os.environ.update(
-            {
-                "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": store.endpoint, "AWS_ALLOW_HTTP": "true",
-                "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false", "AWS_ACCESS_KEY_ID": os.environ[ACCESS_KEY_ID_ENV],
-                "AWS_SECRET_ACCESS_KEY": os.environ[SECRET_ACCESS_KEY_ENV],
-            }
-        )  # fmt: skip
+        # delta-rs reads the store as a lake's config names it (``lake.s3``)
+        s3 = S3Config(endpoint=store.endpoint, path_style=True, access_key_id_env=ACCESS_KEY_ID_ENV,
+                      secret_access_key_env=SECRET_ACCESS_KEY_ENV)  # fmt: skip
+        os.environ.update(delta_rs_environment(s3))
         print(f"{'store':<6} {'floor append':>13} {'ledger append':>14} {'ratio':>6} {'ledger read':>12}")
         with tempfile.TemporaryDirectory() as local:
             for name, root in (("local", local), ("s3", f"s3a://{BUCKET}/{uuid.uuid4().hex[:8]}")):

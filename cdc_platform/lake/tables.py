@@ -218,9 +218,9 @@ def parquet_dictionary_off(spark: SparkSession, columns: Iterable[str]) -> Itera
     with _DICTIONARY_LOCK:
         held = _DICTIONARY_OFF.setdefault(spark, {})
         for key in keys:
-            if key not in held and spark.conf.get(key, None) is not None:
-                continue  # the user's
-            if not held.get(key):
+            if key not in held:
+                if spark.conf.get(key, None) is not None:
+                    continue  # the user's
                 spark.conf.set(key, "false")
             held[key] = held.get(key, 0) + 1
             taken.append(key)
